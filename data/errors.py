@@ -1,0 +1,30 @@
+"""Errors that mean "the user gave us something we cannot use".
+
+The command line turns :class:`InputError` into one line on stderr and exit code 2; anything
+else is an internal error (exit code 1). Messages name the file and say what to do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(ValueError):
+    """Bad input or usage: a file that cannot be read, a shape that does not fit, ...
+
+    Parameters
+    ----------
+    message : str
+        What is wrong and, where it helps, what to do about it.
+    path : str or Path, optional
+        The file concerned; it is put in front of the message.
+    """
+
+    def __init__(self, message: str, path: str | Path | None = None):
+        self.path = None if path is None else Path(path)
+        self.message = message
+        super().__init__(f"{self.path}: {message}" if self.path is not None else message)
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or Inf appeared inside a computation; the message names where."""
