@@ -1,0 +1,70 @@
+"""Compare a pore volume (and optionally its probability map) with a ground truth."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+from ctpore.data.errors import InputError
+from ctpore.data.io import read_label, read_volume
+from ctpore.data.metrics import check_binary, comparison_metrics, volume_metrics
+
+
+def evaluate(pred, truth, prob=None, spacing_mm=(1.0, 1.0, 1.0)) -> dict:
+    """Metrics of a predicted pore volume against a ground truth.
+
+    Parameters
+    ----------
+    pred, truth : ndarray, shape (Z, Y, X)
+        Binary pore volumes (1 = pore).
+    prob : ndarray, optional
+        Pore probability in [0, 1]; MSE is computed from it when given, else from ``pred``.
+    spacing_mm : tuple
+        Voxel size (z, y, x) in mm, for the connectivity density.
+
+    Returns
+    -------
+    dict
+        The volume metrics of ``pred`` (porosity, Euler numbers, connectivity density, n_pores)
+        and the comparison (mse, dice, iou, porosity_error, euler_error_rel, ...).
+    """
+    pred = check_binary(np.asarray(pred), what="prediction")
+    truth = check_binary(np.asarray(truth), what="ground truth")
+    if prob is not None:
+        prob = np.asarray(prob, dtype=np.float32)
+        if prob.shape != pred.shape:
+            raise InputError(f"probability shape {prob.shape} differs from prediction shape {pred.shape}")
+    out = volume_metrics(pred, spacing_mm)
+    out.update(comparison_metrics(pred, truth, prob=prob))
+    return out
+
+
+def evaluate_files(
+    pred_path: Union[str, os.PathLike],
+    truth_path: Union[str, os.PathLike],
+    prob_path: Optional[Union[str, os.PathLike]] = None,
+    slice_axis: Optional[int] = None,
+) -> dict:
+    """:func:`evaluate` on files (NIfTI or TIFF); the spacing is the prediction's."""
+    pred = read_label(pred_path, slice_axis=slice_axis)
+    from ctpore.data.io import load_scan
+
+    with load_scan(pred_path, slice_axis=slice_axis) as scan:
+        geometry = scan.geometry
+    truth = read_label(truth_path, slice_axis=slice_axis, like=geometry)
+    prob = None
+    if prob_path is not None:
+        prob, pgeom = read_volume(prob_path, slice_axis=slice_axis)
+        if prob.shape != pred.shape:
+            raise InputError(f"shape {prob.shape} differs from the prediction's {pred.shape}", path=prob_path)
+        if prob.min() < 0 or prob.max() > 1:
+            raise InputError(
+                f"values must be probabilities in [0, 1], found [{prob.min():g}, {prob.max():g}]", path=prob_path
+            )
+    out = evaluate(pred, truth, prob=prob, spacing_mm=geometry.spacing_mm)
+    out["spacing_mm"] = [float(s) for s in geometry.spacing_mm]
+    out["shape"] = [int(s) for s in pred.shape]
+    return out
