@@ -67,10 +67,16 @@ def cli() -> None:
     """ctpore: the 3D pore space of soil and rock from X-ray micro-CT scans."""
 
 
+def _rdefault(key):
+    from ctpore.pipelines.reconstruct import DEFAULTS
+
+    return DEFAULTS[key]
+
+
 @cli.command()
 @click.argument("scans", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--outdir", required=True, type=click.Path(path_type=Path), help="Output folder.")
-@click.option("--method", default="auto", show_default=True,
+@click.option("--method", default=lambda: _rdefault("method"), show_default="auto",
               type=click.Choice(["auto", "poreformer", "otsu", "plain-otsu"]),
               help="auto = PoreFormer when weights are installed, else otsu (median + Otsu + speck removal).")
 @click.option("--weights", type=click.Path(path_type=Path), default=None,
@@ -80,9 +86,9 @@ def cli() -> None:
 @click.option("--truth", type=click.Path(path_type=Path), default=None,
               help="Ground-truth pores (1 = pore) to add MSE, Dice and Euler error to the metrics.")
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs.")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
-@click.option("--chunk-slices", default=32, show_default=True, type=click.IntRange(1), help="Slices per streamed chunk.")
-@click.option("--tile", default=256, show_default=True, type=click.IntRange(8), help="In-plane tile size (pixels).")
+@click.option("--device", default=lambda: _rdefault("device"), show_default="cpu", help="cpu, cuda, cuda:1, ...")
+@click.option("--chunk-slices", default=lambda: _rdefault("chunk_slices"), show_default="32", type=click.IntRange(1), help="Slices per streamed chunk.")
+@click.option("--tile", default=lambda: _rdefault("tile"), show_default="256", type=click.IntRange(8), help="In-plane tile size (pixels).")
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, chunk_slices, tile):
     """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
 

@@ -33,6 +33,18 @@ from ctpore.pipelines import ProgressFn
 
 METHODS = ("auto", "poreformer", "otsu", "plain-otsu")
 
+
+def _defaults() -> dict:
+    """Defaults of reconstruction, from ``configs/reconstruct.yaml``."""
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "configs" / "reconstruct.yaml"
+    return yaml.safe_load(path.read_text())
+
+
+#: Defaults for the command and the API (``configs/reconstruct.yaml``).
+DEFAULTS = _defaults()
+
 #: Speck size (voxels) removed by the ``otsu`` (Fiji) pipeline.
 OTSU_MIN_SIZE = 10
 
@@ -126,15 +138,15 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):
 
 def reconstruct(
     scan,
-    method: str = "auto",
+    method: str = DEFAULTS["method"],
     *,
     weights: Optional[Union[str, os.PathLike]] = None,
-    device: str = "cpu",
+    device: str = DEFAULTS["device"],
     slice_axis: Optional[int] = None,
     spacing_mm: Optional[tuple] = None,
     truth=None,
-    chunk_slices: int = 32,
-    tile: int = 256,
+    chunk_slices: int = DEFAULTS["chunk_slices"],
+    tile: int = DEFAULTS["tile"],
     progress: ProgressFn = None,
 ) -> Reconstruction:
     """Reconstruct the 3D pore phase of a scan.
@@ -242,6 +254,9 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "w") as fh:
             json.dump(obj, fh, indent=2)
             fh.write("\n")
@@ -255,15 +270,15 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 def reconstruct_file(
     scan_path: Union[str, os.PathLike],
     outdir: Union[str, os.PathLike],
-    method: str = "auto",
+    method: str = DEFAULTS["method"],
     *,
     overwrite: bool = False,
     weights: Optional[Union[str, os.PathLike]] = None,
-    device: str = "cpu",
+    device: str = DEFAULTS["device"],
     slice_axis: Optional[int] = None,
     truth: Optional[Union[str, os.PathLike]] = None,
-    chunk_slices: int = 32,
-    tile: int = 256,
+    chunk_slices: int = DEFAULTS["chunk_slices"],
+    tile: int = DEFAULTS["tile"],
     progress: ProgressFn = None,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring).
