@@ -48,6 +48,10 @@ DEFAULTS = _defaults()
 #: Speck size (voxels) removed by the ``otsu`` (Fiji) pipeline.
 OTSU_MIN_SIZE = 10
 
+#: Scans up to this many bytes (as float32) are read into memory once before PoreFormer runs;
+#: larger ones are streamed from disk slice-chunk by chunk (once per in-plane tile and direction).
+IN_MEMORY_BYTES = 2 * 2**30
+
 
 @dataclass
 class Reconstruction:
@@ -110,6 +114,19 @@ def _as_scan(scan, slice_axis, spacing_mm) -> tuple[Any, Geometry, Optional[Scan
     return arr, geom, None
 
 
+class _ReversedZ:
+    """A lazy view of a volume with its slices in reverse order (``view[a:b]`` reads lazily)."""
+
+    def __init__(self, volume):
+        self.volume = volume
+        self.shape = tuple(int(s) for s in volume.shape)
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        start, stop, _ = key.indices(self.shape[0])
+        z = self.shape[0]
+        return np.asarray(self.volume[z - stop : z - start])[::-1]
+
+
 def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):
     import torch
 
@@ -123,15 +140,26 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):
         )
     model = load_model(path, device=device)
     meta = read_metadata(path)
+    if isinstance(volume, Scan) and 4 * int(np.prod(volume.shape)) <= IN_MEMORY_BYTES:
+        volume = volume.read()  # one sequential read instead of one pass per tile and direction
     lo, hi = intensity_range(volume)
     view = NormalizedVolume(volume, lo, hi)
+    bidirectional = str(meta.get("bidirectional", "false")).lower() == "true"
     prob = predict(model, view, chunk_slices=chunk_slices, tile=tile, device=device, progress=progress)
+    if bidirectional:
+        # The causal model sees slices above each voxel; a second pass over the reversed stack
+        # sees those below, and the two probabilities are averaged (the model stays causal).
+        back = predict(model, _ReversedZ(view), chunk_slices=chunk_slices, tile=tile, device=device,
+                       progress=progress)
+        prob += back[::-1]
+        prob *= 0.5
     info = {
         "model": {"name": meta.get("name", path.stem), "sha256": sha256_file(path)},
         "attention_backend": getattr(model, "attention_backend", None),
         "device": str(torch.device(device)),
         "threshold": float(meta.get("threshold", 0.5)),
         "min_size": int(meta.get("min_size", 0)),
+        "bidirectional": bidirectional,
     }
     return prob, info
 
