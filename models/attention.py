@@ -1,0 +1,575 @@
+"""One multi-head attention module with a backend chosen once: flash, sdpa or math.
+
+The module works on sequences laid out ``(B, Z, C)``: in PoreFormer ``B`` is every pixel column
+``(y, x)`` of a tile and ``Z`` the slices. It has a packed QKV projection, optional causality, an
+optional look-back window ``W`` (slice ``z`` attends to ``z-W+1 ... z``), grouped-query attention
+(``n_kv_heads`` < ``n_heads``; ``n_kv_heads=1`` is multi-query), an optional additive term for V
+(PoreFormer's z-position encoding) and a key/value cache for streaming.
+
+Backends
+--------
+``math``
+    Explicit ``softmax(q k^T / sqrt(d)) v``. The reference every other backend is tested
+    against, and the only one that can return the per-head weights ``(B, H, Zq, Zk)``.
+``sdpa``
+    :func:`torch.nn.functional.scaled_dot_product_attention` (on CPU PyTorch's flash kernel).
+``flash``
+    ``flash_attn_func`` from the optional ``flash-attn`` package (CUDA, fp16/bf16, compute
+    capability >= 8). It is imported only when asked for, never at module load. Calls it cannot
+    take (CPU or fp32 tensors) go through ``sdpa``, which agrees with it to rounding.
+``auto``
+    ``flash`` when :func:`flash_available` says so, else ``sdpa``.
+
+Causal alignment
+----------------
+With a KV cache the queries are the LAST ``Zq`` of the ``Zk`` key positions: query ``i`` sits at
+absolute key index ``i + Zk - Zq`` ("bottom-right" alignment, as flash-attn does it). SDPA's
+``is_causal`` aligns top-left, so it is used only when ``Zq == Zk`` and there is no window;
+otherwise an explicit boolean mask is built. A band mask does not make SDPA cheaper: it still
+computes the full ``Zq x Zk`` product. A window pays off only by keeping ``Zk`` small, which the
+streaming driver does with the cache (at most ``W - 1`` old slices are kept).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctpore.data.errors import InputError, NonFiniteError
+
+__all__ = [
+    "BACKENDS",
+    "KVCache",
+    "MultiHeadAttention",
+    "attention_entropy",
+    "causal_mask",
+    "check_finite",
+    "flash_available",
+    "resolve_backend",
+]
+
+BACKENDS = ("auto", "flash", "sdpa", "math")
+
+# Kernel launch grids put the batch on an axis limited to 65535 blocks (flash-attn, and PyTorch's
+# CUDA kernels); a tile of 256 x 256 pixel columns is 65536 sequences. Split above this on CUDA.
+_CUDA_MAX_BATCH = 32768
+
+_flash_cache: dict[str, object] = {}
+
+
+def _load_flash() -> tuple[Callable | None, str]:
+    """Import ``flash_attn_func`` once; return ``(fn, "")`` or ``(None, why_not)``."""
+    if "fn" in _flash_cache:
+        return _flash_cache["fn"], _flash_cache["why"]  # type: ignore[return-value]
+    fn, why = None, ""
+    if not torch.cuda.is_available():
+        why = "CUDA is not available"
+    else:
+        try:
+            major, _minor = torch.cuda.get_device_capability()
+        except Exception as exc:  # a broken driver: report, do not crash
+            major, why = 0, f"cannot read the GPU's compute capability ({exc})"
+        if major < 8 and not why:
+            why = f"the GPU's compute capability is {major}.x; flash-attn needs >= 8.0"
+        if not why:
+            try:
+                from flash_attn import flash_attn_func  # noqa: PLC0415 (optional, lazy)
+            except (ImportError, OSError) as exc:
+                why = f"flash-attn cannot be imported ({exc}); install ctpore[gpu]"
+            else:
+                if "window_size" not in inspect.signature(flash_attn_func).parameters:
+                    why = "flash-attn is too old (no window_size); install flash-attn>=2.3"
+                else:
+                    fn = flash_attn_func
+    _flash_cache["fn"], _flash_cache["why"] = fn, why
+    return fn, why
+
+
+def flash_available() -> bool:
+    """Whether the ``flash`` backend can run here.
+
+    True only with CUDA, a GPU of compute capability >= 8 and an importable ``flash-attn``
+    (>= 2.3). The import happens on the first call, never when this module loads.
+
+    Returns
+    -------
+    bool
+    """
+    return _load_flash()[0] is not None
+
+
+def resolve_backend(name: str, head_dim: int | None = None) -> str:
+    """Turn a requested backend into the one that will run.
+
+    Parameters
+    ----------
+    name : {"auto", "flash", "sdpa", "math"}
+        The request. ``auto`` takes ``flash`` where available (and the head size suits it),
+        else ``sdpa``.
+    head_dim : int, optional
+        Size of one head; flash-attn needs a multiple of 8 up to 256.
+
+    Returns
+    -------
+    str
+        ``"flash"``, ``"sdpa"`` or ``"math"``.
+
+    Raises
+    ------
+    InputError
+        For an unknown name, or ``flash`` asked for where it cannot run (the message says why).
+    """
+    if name not in BACKENDS:
+        raise InputError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    head_ok = head_dim is None or (head_dim % 8 == 0 and head_dim <= 256)
+    if name == "auto":
+        return "flash" if (head_ok and flash_available()) else "sdpa"
+    if name == "flash":
+        _fn, why = _load_flash()
+        if why:
+            raise InputError(f"attention_backend 'flash' is not available: {why}; use 'sdpa'")
+        if not head_ok:
+            raise InputError(
+                f"attention_backend 'flash' needs a head size that is a multiple of 8 up to 256, "
+                f"got {head_dim}; use 'sdpa'"
+            )
+    return name
+
+
+def causal_mask(
+    zq: int, zk: int, window: int | None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Boolean mask of the allowed (query, key) pairs, True = may attend.
+
+    Queries are the last ``zq`` of ``zk`` positions (bottom-right alignment): query ``i`` sits at
+    key index ``p = i + zk - zq`` and may see keys ``j`` with ``p - window < j <= p``
+    (``window=None``: every ``j <= p``).
+
+    Parameters
+    ----------
+    zq, zk : int
+        Numbers of query and key positions, ``zq <= zk``.
+    window : int or None
+        Look-back window ``W >= 1`` (the slice itself counts), or None for no limit.
+    device : torch.device or str, optional
+
+    Returns
+    -------
+    torch.Tensor
+        ``(zq, zk)`` bool.
+
+    Examples
+    --------
+    >>> causal_mask(2, 4, window=2).int().tolist()
+    [[0, 1, 1, 0], [0, 0, 1, 1]]
+    """
+    qpos = torch.arange(zk - zq, zk, device=device).unsqueeze(1)  # (Zq, 1) absolute key index
+    kpos = torch.arange(zk, device=device).unsqueeze(0)  # (1, Zk)
+    allowed = kpos <= qpos
+    if window is not None:
+        allowed = allowed & (kpos > qpos - window)
+    return allowed
+
+
+def check_finite(t: torch.Tensor, layer: str, tensor: str) -> None:
+    """Raise :class:`NonFiniteError` naming ``layer`` and ``tensor`` if ``t`` has NaN/Inf.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+    layer : str
+        Module name, e.g. ``"blocks.1.attn"``.
+    tensor : str
+        What ``t`` is, e.g. ``"q"``.
+
+    Raises
+    ------
+    NonFiniteError
+        ``"layer blocks.1.attn: q has 3 non-finite values"``.
+    """
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        n = int((~finite).sum())
+        raise NonFiniteError(f"layer {layer}: {tensor} has {n} non-finite values")
+
+
+def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
+    """Mean entropy (nats) of each head's attention distributions.
+
+    Parameters
+    ----------
+    weights : torch.Tensor
+        ``(B, H, Zq, Zk)``, every row a probability distribution over keys (zeros allowed:
+        ``0 log 0 = 0``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(H,)`` float32: for each head the entropy ``-sum_k p log p`` averaged over batch and
+        queries. A head that looks at one slice scores 0; one spread evenly over ``n`` slices
+        scores ``log n``.
+
+    Examples
+    --------
+    >>> w = torch.full((1, 1, 1, 4), 0.25)
+    >>> round(float(attention_entropy(w)[0]), 4) == round(math.log(4), 4)
+    True
+    """
+    if weights.dim() != 4:
+        raise ValueError(f"weights must be (B, H, Zq, Zk), got shape {tuple(weights.shape)}")
+    p = weights.float()
+    plogp = torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), 0.0)
+    return (-plogp.sum(-1)).mean(dim=(0, 2))  # (H,)
+
+
+def _tokenwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Apply a per-token op to ``(B, Z, C)`` that may be a transposed view of ``(Z, B, C)``.
+
+    PoreFormer keeps tokens slice-major; running the op on the contiguous base avoids a copy.
+    """
+    if x.dim() == 3 and not x.is_contiguous() and x.transpose(0, 1).is_contiguous():
+        return fn(x.transpose(0, 1)).transpose(0, 1)
+    return fn(x)
+
+
+class KVCache:
+    """Keys and values of earlier slices for one attention layer, for streaming.
+
+    With a window ``W`` it keeps the last ``W - 1`` positions (a slice never needs more). With
+    ``window=None`` it keeps every position, in a buffer that grows by doubling (or is sized
+    once from ``capacity``), so appending a chunk costs only that chunk's copy; memory then
+    grows with the number of slices seen.
+
+    Parameters
+    ----------
+    window : int or None
+        The layer's look-back window.
+    capacity : int, optional
+        Expected total number of positions: a full cache (``window=None``) allocates it once.
+        Ignored with a window.
+
+    Attributes
+    ----------
+    next_z : int or None
+        Absolute slice index the next query chunk must start at (None before the first chunk).
+    """
+
+    def __init__(self, window: int | None, capacity: int | None = None):
+        self.window = window
+        self.capacity = capacity
+        self._k: torch.Tensor | None = None  # window: (B, Zc, Hkv, D); None: (B, cap, Hkv, D)
+        self._v: torch.Tensor | None = None
+        self._len = 0
+        self.next_z: int | None = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        """Cached keys ``(B, Zc, Hkv, D)`` (None before the first chunk)."""
+        return self._view(self._k)
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        """Cached values ``(B, Zc, Hkv, D)`` (None before the first chunk)."""
+        return self._view(self._v)
+
+    def _view(self, buf: torch.Tensor | None) -> torch.Tensor | None:
+        if buf is None:
+            return None
+        return buf if self.window is not None else buf[:, : self._len]
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this chunk's keys/values; return all keys/values the chunk's queries need.
+
+        Parameters
+        ----------
+        k, v : torch.Tensor
+            ``(B, Zq, Hkv, D)`` of the new positions.
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            ``(B, Zc + Zq, Hkv, D)`` each: cached positions followed by the new ones.
+        """
+        if self._k is not None and self._k.shape[0] != k.shape[0]:
+            raise ValueError(
+                f"KV cache holds {self._k.shape[0]} sequences, got {k.shape[0]}: one cache per tile"
+            )
+        if self.window is None:
+            return self._append(k, v)
+        if self._k is None:
+            k_all, v_all = k, v
+        else:
+            k_all = torch.cat([self._k, k], dim=1)  # (B, Zc+Zq, Hkv, D)
+            v_all = torch.cat([self._v, v], dim=1)
+        zk = k_all.shape[1]
+        keep = min(zk, self.window - 1)
+        # Copy, so the cache does not pin the larger (Zc + Zq) buffer.
+        self._k = k_all[:, zk - keep :].clone()
+        self._v = v_all[:, zk - keep :].clone()
+        self._len = keep
+        return k_all, v_all
+
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full cache: write into a (B, cap, Hkv, D) buffer, grown by doubling."""
+        b, zq, h, d = k.shape
+        need = self._len + zq
+        cap = 0 if self._k is None else self._k.shape[1]
+        if need > cap:
+            new_cap = max(need, 2 * cap, self.capacity or 0)
+            bufs = []
+            for old in (self._k, self._v):
+                buf = k.new_empty((b, new_cap, h, d))
+                if old is not None and self._len:
+                    buf[:, : self._len].copy_(old[:, : self._len])
+                bufs.append(buf)
+            self._k, self._v = bufs
+        self._k[:, self._len : need].copy_(k)
+        self._v[:, self._len : need].copy_(v)
+        self._len = need
+        return self._k[:, :need], self._v[:, :need]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (grouped-query) self-attention over ``(B, Z, C)`` with a fixed backend.
+
+    Parameters
+    ----------
+    d_model : int
+        Token width ``C``.
+    n_heads : int
+        Query heads ``H``; ``d_model`` must be divisible by it. Head size ``D = d_model / H``.
+    n_kv_heads : int, optional
+        Key/value heads ``Hkv`` (GQA; 1 = MQA). Must divide ``n_heads``. Default ``n_heads``.
+    causal : bool
+        A position attends only to itself and earlier positions.
+    window : int, optional
+        Look-back window ``W >= 1``: position ``z`` attends to ``z-W+1 ... z``. Needs ``causal``.
+    dropout : float
+        Dropout on the attention weights and on the output projection, only while training.
+    backend : {"auto", "flash", "sdpa", "math"}
+        Resolved once here; see the module docstring.
+    bias : bool
+        Biases in the QKV and output projections.
+    name : str
+        Used in non-finite errors ("layer <name>: q has ..."); PoreFormer sets its module path.
+
+    Examples
+    --------
+    >>> mha = MultiHeadAttention(64, 4, causal=True, backend="math")
+    >>> y, w = mha(torch.randn(2, 5, 64), need_weights=True)
+    >>> tuple(y.shape), tuple(w.shape)
+    ((2, 5, 64), (2, 4, 5, 5))
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        causal: bool = True,
+        window: int | None = None,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        bias: bool = True,
+        name: str = "attn",
+    ):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads < 1 or d_model % n_heads != 0:
+            raise InputError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
+        if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
+            raise InputError(f"n_kv_heads must divide n_heads ({n_heads}), got {n_kv_heads}")
+        if window is not None and (int(window) != window or window < 1):
+            raise InputError(f"window must be an integer >= 1 or None, got {window!r}")
+        if window is not None and not causal:
+            raise InputError("a look-back window needs causal attention (causal=True)")
+        if not 0.0 <= dropout < 1.0:
+            raise InputError(f"dropout must be >= 0 and < 1, got {dropout}")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.causal = causal
+        self.window = None if window is None else int(window)
+        self.dropout = float(dropout)
+        self.name = name
+        self.requested_backend = backend
+        self.backend = resolve_backend(backend, self.head_dim)
+        self.kv_dim = n_kv_heads * self.head_dim
+        # Packed projection: [q (H*D) | k (Hkv*D) | v (Hkv*D)].
+        self.qkv = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.resid_drop = nn.Dropout(dropout)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+            f"causal={self.causal}, window={self.window}, backend={self.backend!r}"
+        )
+
+    # --------------------------------------------------------------------------------------
+    def project(
+        self, x: torch.Tensor, pos_v: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Packed projection of ``x`` into per-head q, k, v (with ``pos_v`` added into V).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``(B, Z, C)``.
+        pos_v : torch.Tensor, optional
+            Added to V: ``(Z, Hkv*D)`` or broadcastable to ``(B, Z, Hkv*D)``.
+
+        Returns
+        -------
+        q : torch.Tensor
+            ``(B, Z, H, D)``
+        k, v : torch.Tensor
+            ``(B, Z, Hkv, D)``
+        """
+        b, z, _ = x.shape
+        q, k, v = _tokenwise(self.qkv, x).split([self.d_model, self.kv_dim, self.kv_dim], dim=-1)
+        if pos_v is not None:
+            pos_v = pos_v.to(v.dtype)
+            # V = W_v x + pos_enc(z); in place (into the fresh qkv buffer) when no grad is taken.
+            v = v + pos_v if torch.is_grad_enabled() else v.add_(pos_v)
+        q = q.view(b, z, self.n_heads, self.head_dim)  # (B, Z, H, D)
+        k = k.view(b, z, self.n_kv_heads, self.head_dim)  # (B, Z, Hkv, D)
+        v = v.view(b, z, self.n_kv_heads, self.head_dim)  # (B, Z, Hkv, D)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos_v: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+        check: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend over the sequence axis.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``(B, Zq, C)``: the new positions.
+        pos_v : torch.Tensor, optional
+            Term added into V for these positions, ``(Zq, Hkv*D)``.
+        cache : KVCache, optional
+            Earlier positions' keys/values; updated in place. The queries are the last ``Zq``
+            of the ``len(cache) + Zq`` key positions.
+        need_weights : bool
+            Also return the weights ``(B, H, Zq, Zk)``; computed by the ``math`` path whatever
+            the backend.
+        check : bool
+            Raise :class:`NonFiniteError` naming this layer if q, k, v or the output has
+            NaN/Inf.
+
+        Returns
+        -------
+        torch.Tensor or tuple
+            ``(B, Zq, C)``, and the weights if ``need_weights``.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (B, Z, {self.d_model}), got shape {tuple(x.shape)}")
+        q, k, v = self.project(x, pos_v)
+        if check:
+            check_finite(q, self.name, "q")
+            check_finite(k, self.name, "k")
+            check_finite(v, self.name, "v")
+        if cache is not None:
+            k, v = cache.extend(k, v)  # (B, Zk, Hkv, D)
+        p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights or self.backend == "math":
+            out, weights = self._math(q, k, v, p)
+        elif self.backend == "flash" and self._flash_ok(q):
+            out = self._flash(q, k, v, p)
+        else:
+            out = self._sdpa(q, k, v, p)
+        b, zq = out.shape[0], out.shape[1]
+        out = _tokenwise(self.proj, out.reshape(b, zq, self.d_model))  # (B, Zq, C)
+        out = self.resid_drop(out)
+        if check:
+            check_finite(out, self.name, "output")
+        return (out, weights) if need_weights else out
+
+    # --------------------------------------------------------------------------------------
+    def _mask(self, zq: int, zk: int, device: torch.device) -> torch.Tensor | None:
+        if not self.causal:
+            return None
+        return causal_mask(zq, zk, self.window, device)
+
+    def _math(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Explicit softmax attention: the reference. Returns out (B, Zq, H, D), w (B,H,Zq,Zk)."""
+        rep = self.n_heads // self.n_kv_heads
+        qh = q.transpose(1, 2)  # (B, H, Zq, D)
+        kh = k.transpose(1, 2)  # (B, Hkv, Zk, D)
+        vh = v.transpose(1, 2)
+        if rep > 1:
+            # Query head h uses kv head h // rep, as flash-attn and SDPA's enable_gqa do.
+            kh = kh.repeat_interleave(rep, dim=1)  # (B, H, Zk, D)
+            vh = vh.repeat_interleave(rep, dim=1)
+        scores = (qh @ kh.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B,H,Zq,Zk)
+        mask = self._mask(q.shape[1], k.shape[1], q.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)  # (B, H, Zq, Zk)
+        w = F.dropout(weights, p) if p > 0 else weights
+        out = w @ vh  # (B, H, Zq, D)
+        return out.transpose(1, 2), weights
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+        """PyTorch SDPA; returns (B, Zq, H, D)."""
+        if q.is_cuda and q.shape[0] > _CUDA_MAX_BATCH:
+            return torch.cat(
+                [
+                    self._sdpa(q[i : i + _CUDA_MAX_BATCH], k[i : i + _CUDA_MAX_BATCH],
+                               v[i : i + _CUDA_MAX_BATCH], p)
+                    for i in range(0, q.shape[0], _CUDA_MAX_BATCH)
+                ]
+            )
+        zq, zk = q.shape[1], k.shape[1]
+        mask, is_causal = None, False
+        if self.causal:
+            if self.window is None and zq == zk:
+                is_causal = True  # top-left == bottom-right when square
+            else:
+                mask = causal_mask(zq, zk, self.window, q.device)  # (Zq, Zk)
+        gqa = {"enable_gqa": True} if self.n_kv_heads != self.n_heads else {}
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, H|Hkv, Z, D)
+            attn_mask=mask, dropout_p=p, is_causal=is_causal, **gqa,
+        )  # (B, H, Zq, D)
+        return out.transpose(1, 2)
+
+    @staticmethod
+    def _flash_ok(q: torch.Tensor) -> bool:
+        return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+
+    def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+        """flash-attn; (B, Z, H, D) layout in and out, GQA native, bottom-right causal."""
+        fn, why = _load_flash()
+        if fn is None:  # cannot happen after resolve_backend, unless the GPU vanished
+            raise RuntimeError(f"flash-attn is not available: {why}")
+        window_size = (-1, -1) if self.window is None else (self.window - 1, 0)
+        outs = []
+        for i in range(0, q.shape[0], _CUDA_MAX_BATCH):
+            sl = slice(i, i + _CUDA_MAX_BATCH)
+            outs.append(
+                fn(
+                    q[sl].contiguous(), k[sl].contiguous(), v[sl].contiguous(),
+                    dropout_p=p, softmax_scale=1.0 / math.sqrt(self.head_dim),
+                    causal=self.causal, window_size=window_size,
+                )
+            )  # (b, Zq, H, D)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -1,0 +1,461 @@
+"""PoreFormer: per-slice 2D encoder, causal attention across slices, a pore logit per voxel.
+
+The model (``seeds/000``, section 6, and DESIGN.md) treats each pixel column ``(y, x)`` of a CT
+stack as a sequence over the slices ``z``::
+
+    x (B, Z, Y, X)
+      -> encoder: 2D convs on each slice alone           (B*Z, C, Y, X)   in-plane context only
+      -> tokens across slices: sequences (B*Y*X, Z, C), stored slice-major (Z, B*Y*X, C)
+      -> n_layers x block:
+             t = t + Attn(LN(t)),  V = W_v LN(t) + pos_enc(z)   (causal, optional window W)
+             t = t + FC2(GELU(DWConv3x3_inplane(FC1(LN(t)))))   (nothing crosses slices)
+      -> LN, linear                                      (B, Z, Y, X) logits
+
+Nothing but the attention looks across slices, and the attention only looks back, so the
+output at slice ``z`` depends on slices ``<= z`` only (and, with a window ``W``, on slices
+``z-W+1 ... z`` of the attention input; stacked layers reach ``n_layers * (W-1)`` slices back).
+In the plane every pixel sees a square of radius :attr:`PoreFormerConfig.halo`.
+
+There is no BatchNorm or GroupNorm: statistics mixed over slices or over the tile would break
+causality and make a tiled, streamed prediction differ from the full pass. The only norm is a
+per-token LayerNorm over channels.
+
+The z-position encoding is added into V (not into the tokens): a learned linear map of
+sinusoidal features of the ABSOLUTE slice index ``z``, so it is defined for any number of slices.
+Streaming passes the chunk offset ``z0`` so a chunk sees the same encoding as the full pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctpore.data.errors import InputError
+from ctpore.models.attention import KVCache, MultiHeadAttention, check_finite, resolve_backend
+
+__all__ = ["PoreFormer", "PoreFormerConfig", "z_features"]
+
+
+@dataclass
+class PoreFormerConfig:
+    """PoreFormer's hyper-parameters; saved with the weights, mirrored in configs/model.yaml."""
+
+    d_model: int = 64  # token width per voxel (seed section 6: 64; small per-pixel features)
+    n_heads: int = 4  # query heads; head size d_model / n_heads = 16
+    n_kv_heads: int | None = None  # key/value heads for GQA (1 = MQA); None = n_heads
+    n_layers: int = 2  # inter-slice attention blocks
+    window: int | None = None  # look-back W: slice z attends to z-W+1..z; None = all earlier
+    causal: bool = True  # a slice sees only itself and earlier slices (needed for streaming)
+    attention_backend: str = "auto"  # "auto" | "flash" | "sdpa" | "math"; math is the reference
+    dropout: float = 0.0  # on attention weights and residual branches, only while training
+    encoder_channels: tuple[int, ...] = (16, 32)  # one k x k conv + GELU per entry, per slice
+    encoder_kernel: int = 3  # odd kernel size of the encoder convs
+    mlp_ratio: float = 1.0  # MLP hidden width = round(d_model * mlp_ratio)
+    mlp_dwconv: bool = True  # in-plane depthwise conv inside each MLP (widens the halo)
+    dwconv_kernel: int = 3  # odd kernel size of that depthwise conv
+    pos_in_v: bool = True  # add the z-position encoding into V (False: no z encoding at all)
+    pos_features: int = 16  # number of sinusoidal features of z (even: sin and cos pairs)
+    pos_max_period: float = 10000.0  # longest sinusoid period, in slices
+    check_finite: bool | None = None  # NaN/Inf guard per layer: None = on in training only
+
+    def __post_init__(self) -> None:
+        self.encoder_channels = tuple(int(c) for c in self.encoder_channels)
+        bad = []
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                bad.append(msg)
+
+        need(self.d_model >= 1, f"d_model must be >= 1, got {self.d_model}")
+        need(
+            self.n_heads >= 1 and self.d_model % self.n_heads == 0,
+            f"d_model must be divisible by n_heads, got {self.d_model} and {self.n_heads}",
+        )
+        if self.n_kv_heads is not None:
+            need(
+                self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0,
+                f"n_kv_heads must divide n_heads ({self.n_heads}), got {self.n_kv_heads}",
+            )
+        need(self.n_layers >= 0, f"n_layers must be >= 0, got {self.n_layers}")
+        if self.window is not None:
+            need(
+                int(self.window) == self.window and self.window >= 1,
+                f"window must be an integer >= 1 or null, got {self.window!r}",
+            )
+            need(self.causal, "a window needs causal attention (causal: true)")
+        need(0.0 <= self.dropout < 1.0, f"dropout must be >= 0 and < 1, got {self.dropout}")
+        need(all(c >= 1 for c in self.encoder_channels),
+             f"encoder_channels must be >= 1, got {list(self.encoder_channels)}")
+        need(self.encoder_kernel >= 1 and self.encoder_kernel % 2 == 1,
+             f"encoder_kernel must be odd, got {self.encoder_kernel}")
+        need(self.dwconv_kernel >= 1 and self.dwconv_kernel % 2 == 1,
+             f"dwconv_kernel must be odd, got {self.dwconv_kernel}")
+        need(self.mlp_ratio > 0, f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        need(self.pos_features >= 2 and self.pos_features % 2 == 0,
+             f"pos_features must be even and >= 2, got {self.pos_features}")
+        need(self.pos_max_period > 1, f"pos_max_period must be > 1, got {self.pos_max_period}")
+        if bad:
+            raise InputError("bad PoreFormer config: " + "; ".join(bad))
+
+    @property
+    def halo(self) -> int:
+        """In-plane receptive-field radius in pixels (the tile halo for exact stitching).
+
+        Each encoder conv adds ``encoder_kernel // 2``, each block's depthwise conv adds
+        ``dwconv_kernel // 2``; everything else is per pixel.
+        """
+        r = len(self.encoder_channels) * (self.encoder_kernel // 2)
+        if self.mlp_dwconv:
+            r += self.n_layers * (self.dwconv_kernel // 2)
+        return r
+
+    @property
+    def mlp_hidden(self) -> int:
+        """Hidden width of each block's MLP."""
+        return max(1, int(round(self.d_model * self.mlp_ratio)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples as lists)."""
+        d = dataclasses.asdict(self)
+        d["encoder_channels"] = list(self.encoder_channels)
+        return d
+
+    def to_json(self) -> str:
+        """The config as a JSON string (what :mod:`ctpore.models.weights` stores)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PoreFormerConfig:
+        """Build from a dict; unknown keys are an :class:`InputError`."""
+        if not isinstance(d, dict):
+            raise InputError(f"a PoreFormer config must be a mapping, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InputError(
+                f"unknown PoreFormer config keys: {', '.join(unknown)}; known: "
+                f"{', '.join(sorted(known))}"
+            )
+        return cls(**d)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path | None = None) -> PoreFormerConfig:
+        """Read a config from YAML (default: the package's ``configs/model.yaml``).
+
+        The file may hold the fields at top level or under a ``model:`` key.
+        """
+        import yaml  # noqa: PLC0415 (only needed here)
+
+        p = Path(path) if path is not None else Path(__file__).resolve().parent.parent / (
+            "configs/model.yaml"
+        )
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise InputError(f"cannot read the model config ({exc.strerror})", path=p) from exc
+        except yaml.YAMLError as exc:
+            raise InputError(f"not valid YAML ({exc})", path=p) from exc
+        if isinstance(data, dict) and "model" in data and isinstance(data["model"], dict):
+            data = data["model"]
+        try:
+            return cls.from_dict(data or {})
+        except InputError as exc:
+            raise InputError(exc.message, path=p) from exc
+
+
+def z_features(
+    z0: int,
+    n: int,
+    n_features: int,
+    max_period: float,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Sinusoidal features of the absolute slice indices ``z0 ... z0+n-1``.
+
+    Computed in float64 so that large ``z`` (thousands of slices) keep their phase, then cast.
+
+    Parameters
+    ----------
+    z0 : int
+        Absolute index of the first slice.
+    n : int
+        Number of slices.
+    n_features : int
+        Even number of features: ``n_features/2`` frequencies from 1 to ``1/max_period``
+        radians per slice, geometrically spaced; sin then cos.
+    max_period : float
+    device, dtype
+        Of the result.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, n_features)``.
+    """
+    half = n_features // 2
+    freqs = max_period ** (-torch.arange(half, dtype=torch.float64, device=device) / half)
+    z = torch.arange(z0, z0 + n, dtype=torch.float64, device=device)
+    ang = z[:, None] * freqs[None, :]  # (n, half)
+    return torch.cat([torch.sin(ang), torch.cos(ang)], dim=-1).to(dtype)  # (n, n_features)
+
+
+def _plane_conv(h: torch.Tensor, conv: nn.Conv2d, plane: tuple[int, int, int]) -> torch.Tensor:
+    """Apply a 2D conv in the plane of each slice to slice-major tokens ``(Z, B*Y*X, C)``.
+
+    The tokens' memory is ``(Z, B, Y, X, C)``, i.e. a channels-last image batch, so this is a
+    view, a conv and a view: no copies.
+    """
+    b, y, x = plane
+    z, n, c = h.shape
+    img = h.reshape(z * b, y, x, c).permute(0, 3, 1, 2)  # (Z*B, C, Y, X), channels-last
+    out = conv(img)  # (Z*B, C', Y, X)
+    return out.permute(0, 2, 3, 1).reshape(z, n, out.shape[1])  # (Z, B*Y*X, C')
+
+
+def _gelu(h: torch.Tensor) -> torch.Tensor:
+    """GELU, in place when no gradient is recorded (saves a large allocation in inference)."""
+    return F.gelu(h) if torch.is_grad_enabled() else torch.ops.aten.gelu_(h)
+
+
+def _add(t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``t + u``, in place into ``t`` when no gradient is recorded."""
+    return t + u if torch.is_grad_enabled() else t.add_(u)
+
+
+class Block(nn.Module):
+    """Pre-norm inter-slice block: attention (z encoding in V), then a per-slice MLP."""
+
+    def __init__(self, cfg: PoreFormerConfig, name: str):
+        super().__init__()
+        self.name = name
+        d = cfg.d_model
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = MultiHeadAttention(
+            d, cfg.n_heads, cfg.n_kv_heads, causal=cfg.causal, window=cfg.window,
+            dropout=cfg.dropout, backend=cfg.attention_backend, name=f"{name}.attn",
+        )
+        # V = W_v x + pos_enc(z), pos_enc(z) = W_pos sinusoidal(z): one vector per kv head.
+        self.pos = nn.Linear(cfg.pos_features, self.attn.kv_dim, bias=False) if cfg.pos_in_v \
+            else None
+        self.ln2 = nn.LayerNorm(d)
+        hidden = cfg.mlp_hidden
+        self.fc1 = nn.Linear(d, hidden)
+        self.dw = (
+            nn.Conv2d(hidden, hidden, cfg.dwconv_kernel, padding=cfg.dwconv_kernel // 2,
+                      groups=hidden)
+            if cfg.mlp_dwconv else None
+        )
+        self.fc2 = nn.Linear(hidden, d)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        t: torch.Tensor,
+        plane: tuple[int, int, int],
+        zfeat: torch.Tensor,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+        check: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Slice-major tokens ``t`` (Zq, B*Y*X, C) -> same shape, and attention weights if asked.
+
+        ``plane`` is ``(B, Y, X)``; ``zfeat`` the ``(Zq, pos_features)`` z features.
+        """
+        pos_v = self.pos(zfeat) if self.pos is not None else None  # (Zq, Hkv*D)
+        # The attention sees sequences (N, Zq, C): a transposed view, no copy.
+        a = self.attn(self.ln1(t).transpose(0, 1), pos_v=pos_v, cache=cache,
+                      need_weights=need_weights, check=check)
+        w = None
+        if need_weights:
+            a, w = a
+        t = _add(t, a.transpose(0, 1))  # (Zq, N, C)
+        h = self.fc1(self.ln2(t))  # (Zq, N, hidden)
+        if self.dw is not None:
+            h = _plane_conv(h, self.dw, plane)
+        t = _add(t, self.drop(self.fc2(_gelu(h))))
+        if check:
+            check_finite(t, self.name, "output")
+        return t, w
+
+
+class PoreFormer(nn.Module):
+    """Causal inter-slice transformer giving a pore logit per voxel.
+
+    Parameters
+    ----------
+    config : PoreFormerConfig, optional
+        Default: ``PoreFormerConfig()`` (60,865 parameters).
+
+    Examples
+    --------
+    >>> model = PoreFormer(PoreFormerConfig(n_layers=1)).eval()
+    >>> x = torch.randn(1, 6, 10, 12)  # (B, Z, Y, X), already normalized
+    >>> model(x).shape
+    torch.Size([1, 6, 10, 12])
+    """
+
+    def __init__(self, config: PoreFormerConfig | None = None):
+        super().__init__()
+        self.config = cfg = config if config is not None else PoreFormerConfig()
+        layers: list[nn.Module] = []
+        c_in = 1
+        for c in cfg.encoder_channels:
+            layers += [nn.Conv2d(c_in, c, cfg.encoder_kernel, padding=cfg.encoder_kernel // 2),
+                       nn.GELU()]
+            c_in = c
+        layers.append(nn.Conv2d(c_in, cfg.d_model, 1))  # each pixel -> a d_model token
+        self.encoder = nn.Sequential(*layers)
+        self.blocks = nn.ModuleList(Block(cfg, f"blocks.{i}") for i in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, 1)
+
+    # ---------------------------------------------------------------------------------------
+    @property
+    def halo(self) -> int:
+        """In-plane receptive-field radius in pixels (see :attr:`PoreFormerConfig.halo`)."""
+        return self.config.halo
+
+    @property
+    def attention_backend(self) -> str:
+        """The backend the attention layers run (resolved, never ``auto``)."""
+        return self.blocks[0].attn.backend if len(self.blocks) else "none"
+
+    def n_params(self) -> int:
+        """Number of trainable parameters."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def set_attention_backend(self, name: str) -> None:
+        """Switch every attention layer to backend ``name`` (weights unchanged)."""
+        resolved = resolve_backend(name, self.config.d_model // self.config.n_heads)
+        for blk in self.blocks:
+            blk.attn.backend = resolved
+            blk.attn.requested_backend = name
+        self.config.attention_backend = name
+
+    def new_cache(self, capacity: int | None = None) -> list[KVCache]:
+        """Fresh per-layer KV caches for streaming one tile through the slices.
+
+        Parameters
+        ----------
+        capacity : int, optional
+            Number of slices that will be streamed; lets a full cache (``window=None``)
+            allocate once instead of growing.
+        """
+        return [KVCache(self.config.window, capacity) for _ in self.blocks]
+
+    # ---------------------------------------------------------------------------------------
+    def forward(
+        self, x: torch.Tensor, z0: int = 0, cache: list[KVCache] | None = None
+    ) -> torch.Tensor:
+        """Pore logits.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``(B, Z, Y, X)`` float, already normalized.
+        z0 : int
+            Absolute index of ``x``'s first slice (for the z encoding); streaming passes the
+            chunk offset.
+        cache : list of KVCache, optional
+            From :meth:`new_cache`; when given, ``x`` continues the slices already seen
+            (``z0`` must be where the previous chunk ended) and the caches are updated.
+
+        Returns
+        -------
+        torch.Tensor
+            ``(B, Z, Y, X)`` logits (sigmoid gives the pore probability).
+        """
+        return self._run(x, z0, cache, need_weights=False)[0]
+
+    @torch.no_grad()
+    def attention_maps(
+        self,
+        x: torch.Tensor,
+        z0: int = 0,
+        region: tuple[int | slice, int | slice] | None = None,
+    ) -> list[torch.Tensor]:
+        """Per-layer, per-head attention weights, computed with the explicit (math) path.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``(B, Z, Y, X)``.
+        z0 : int
+            Absolute index of the first slice.
+        region : (ys, xs), optional
+            Pixels to keep, ints or slices over Y and X (an int keeps a length-1 axis).
+            Default: every pixel (memory ``B*Y*X*H*Z*Z`` floats per layer).
+
+        Returns
+        -------
+        list of torch.Tensor
+            One per layer, ``(B, Ry, Rx, H, Z, Z)``: ``[..., h, zq, zk]`` is how much slice
+            ``zq`` of that pixel column attends to slice ``zk`` in head ``h``.
+        """
+        _, maps = self._run(x, z0, None, need_weights=True)
+        b, _z, y, xx = x.shape
+        ys, xs = (slice(None), slice(None)) if region is None else region
+        ys = slice(ys, ys + 1) if isinstance(ys, int) else ys
+        xs = slice(xs, xs + 1) if isinstance(xs, int) else xs
+        out = []
+        for w in maps:  # (B*Y*X, H, Z, Z)
+            out.append(w.view(b, y, xx, *w.shape[1:])[:, ys, xs].clone())
+        return out
+
+    def _run(
+        self,
+        x: torch.Tensor,
+        z0: int,
+        cache: list[KVCache] | None,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        cfg = self.config
+        if not torch.is_tensor(x) or x.dim() != 4:
+            shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
+            raise InputError(f"PoreFormer takes a (B, Z, Y, X) tensor, got {shape}")
+        if not x.is_floating_point():
+            raise InputError(f"PoreFormer takes a float tensor, got {x.dtype}")
+        if cache is not None:
+            if len(cache) != len(self.blocks):
+                raise ValueError(f"need {len(self.blocks)} KV caches, got {len(cache)}")
+            for c in cache:
+                if c.next_z is not None and c.next_z != z0:
+                    raise ValueError(
+                        f"this chunk starts at slice {z0} but the KV cache ends at {c.next_z}"
+                    )
+        check = cfg.check_finite if cfg.check_finite is not None else self.training
+        b, z, y, xx = x.shape
+        # Slices outermost: (Z*B, 1, Y, X). Features then live as (Z, B, Y, X, C) in memory, a
+        # channels-last image batch for the in-plane convs and slice-major tokens (Z, N, C)
+        # for the rest, so no layout copies are needed between them.
+        h = x.transpose(0, 1).reshape(z * b, 1, y, xx)
+        for layer in self.encoder:
+            h = _gelu(h) if isinstance(layer, nn.GELU) else layer(h)
+            if isinstance(layer, nn.Conv2d):
+                h = h.contiguous(memory_format=torch.channels_last)  # no-op after the first
+        if check:
+            check_finite(h, "encoder", "output")
+        t = h.permute(0, 2, 3, 1).reshape(z, b * y * xx, h.shape[1])  # (Z, N, C)
+        zfeat = z_features(z0, z, cfg.pos_features, cfg.pos_max_period, x.device, x.dtype)
+        maps: list[torch.Tensor] = []
+        for i, blk in enumerate(self.blocks):
+            t, w = blk(t, (b, y, xx), zfeat, None if cache is None else cache[i],
+                       need_weights, check)
+            if w is not None:
+                maps.append(w)
+        if cache is not None:
+            for cc in cache:
+                cc.next_z = z0 + z
+        logits = self.head(self.norm(t))  # (Z, N, 1)
+        logits = logits.view(z, b, y, xx).transpose(0, 1).contiguous()  # (B, Z, Y, X)
+        if check:
+            check_finite(logits, "head", "logits")
+        return logits, maps
