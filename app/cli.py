@@ -257,6 +257,10 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device):
 
 def main(argv=None) -> None:
     """Entry point of the ``ctpore`` console script."""
+    # Transparent huge pages for PyTorch's CPU allocations: measured ~1.5x faster PoreFormer
+    # inference here (fresh pages for large activations dominate otherwise). Process-wide, so it
+    # is set by the command, before torch is imported, and never by the library.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         rv = cli.main(args=argv, prog_name="ctpore", standalone_mode=False)
     except click.UsageError as exc:

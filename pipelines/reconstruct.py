@@ -124,7 +124,7 @@ class _ReversedZ:
     def __getitem__(self, key: slice) -> np.ndarray:
         start, stop, _ = key.indices(self.shape[0])
         z = self.shape[0]
-        return np.asarray(self.volume[z - stop : z - start])[::-1]
+        return np.ascontiguousarray(np.asarray(self.volume[z - stop : z - start])[::-1])
 
 
 def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):

@@ -474,7 +474,8 @@ def train(
     start = 0
     if resume and ckpt.exists():
         start, history, saved_cfg = load_checkpoint(ckpt, model, opt)
-        if saved_cfg != config_to_dict(cfg):
+        # ``threads`` is how the run is executed, not what it computes: it may change on resume.
+        if {**saved_cfg, "threads": 0} != {**config_to_dict(cfg), "threads": 0}:
             raise InputError("this run folder holds a checkpoint of a different config; use another "
                              "--run-dir or --no-resume", path=ckpt)
     augmenter = _augmenter() if cfg.data.augment else None
@@ -608,6 +609,9 @@ def export_weights(result: TrainResult, path: Union[str, os.PathLike], name: Opt
         tmp = path.with_name(f".{path.name}.tmp")
         save_file(sd, str(tmp), metadata=meta)
         os.replace(tmp, path)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # shipped files are readable by everyone
     if progress is not None:
         progress(1, 1, "choosing post-processing on validation scans")
     return path

@@ -283,3 +283,32 @@ def test_console_script_exit_code_and_single_line():
                            "-o", os.devnull + "_dir"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "no_such_scan.nii.gz" in proc.stderr
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_poreformer_method_equals_the_full_forward_pass(tmp_path, bidirectional):
+    """reconstruct(method='poreformer') = normalize, stream, (average with the reversed stack)."""
+    import torch
+
+    from ctpore.data.normalize import normalize_volume
+    from ctpore.models import PoreFormer, PoreFormerConfig
+    from ctpore.models.weights import save_weights
+
+    torch.manual_seed(0)
+    model = PoreFormer(PoreFormerConfig(d_model=16, n_heads=2, n_layers=1, window=6)).eval()
+    w = tmp_path / "tiny.safetensors"
+    save_weights(model, w, metadata={"name": "tiny", "threshold": "0.5", "min_size": "0",
+                                     "bidirectional": str(bidirectional).lower()})
+    grey, _ = two_phase(shape=(11, 20, 18))
+    res = reconstruct(grey, method="poreformer", weights=w, chunk_slices=4, tile=8)
+    x = torch.from_numpy(normalize_volume(grey))[None]
+    with torch.no_grad():
+        ref = torch.sigmoid(model(x))[0].numpy()
+        if bidirectional:
+            back = torch.sigmoid(model(torch.flip(x, dims=[1])))[0].numpy()[::-1]
+            ref = 0.5 * (ref + back)
+    np.testing.assert_allclose(res.probability, ref, atol=1e-5)
+    np.testing.assert_array_equal(res.pores, (ref >= 0.5).astype(np.uint8))
+    assert res.metrics["method"] == "poreformer"
+    assert res.metrics["model"]["name"] == "tiny" and len(res.metrics["model"]["sha256"]) == 64
+    assert res.metrics["attention_backend"] in ("sdpa", "math", "flash")
