@@ -235,8 +235,9 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
         pf, u2 = s["poreformer"], s["unet2d"]
         de = 100 * (1 - pf["euler_error_rel"] / u2["euler_error_rel"]) if u2["euler_error_rel"] else float("nan")
         dm = 100 * (1 - pf["mse"] / u2["mse"]) if u2["mse"] else float("nan")
-        lines += ["", f"PoreFormer vs the 2D U-Net: relative Euler error {de:+.0f}% lower, MSE {dm:+.0f}% lower "
-                  "(the seed reports 37% and 22%)."]
+        word = lambda d: f"{abs(d):.0f}% {'lower' if d >= 0 else 'higher'}"  # noqa: E731
+        lines += ["", f"PoreFormer against the 2D U-Net: relative Euler error {word(de)}, MSE {word(dm)} "
+                  "(the seed reports 37% and 22% lower for its model against a CNN)."]
     lines += ["", "## Per case", "", "| case | method | MSE | Dice | rel. Euler error | χ pred | χ true |",
               "|---|---|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
