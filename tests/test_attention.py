@@ -24,14 +24,7 @@ from ctpore.models.attention import (
 D_MODEL, N_HEADS = 32, 4  # head size 8 (flash-attn needs a multiple of 8)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors: one intra-op thread. Two threads gain nothing here, and when the cores are
-    shared with another busy process, OpenMP's waiting makes each tiny op up to ~70x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 HAS_FLASH = torch.cuda.is_available() and flash_available()
