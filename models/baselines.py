@@ -167,8 +167,8 @@ UNET_CHANNELS = (16, 32, 64)
 UNET_STRIDES = (2, 2)
 
 
-class UNet2DSlices(nn.Module):
-    """A 2D U-Net applied to every slice on its own (the seed's "CNN" baseline).
+class _MonaiUNet(nn.Module):
+    """A MONAI U-Net of ``spatial_dims`` dimensions, one input and one output channel.
 
     Parameters
     ----------
@@ -176,16 +176,22 @@ class UNet2DSlices(nn.Module):
         Passed to :class:`monai.networks.nets.UNet`.
     """
 
-    kind = "unet2d"
+    kind = ""
+    spatial_dims = 0
 
     def __init__(self, channels=UNET_CHANNELS, strides=UNET_STRIDES):
         super().__init__()
         from monai.networks.nets import UNet
 
         self.config = {"kind": self.kind, "channels": list(channels), "strides": list(strides)}
-        self.net = UNet(spatial_dims=2, in_channels=1, out_channels=1, channels=tuple(channels),
-                        strides=tuple(strides), num_res_units=1)
-        self.multiple = int(np.prod(strides))
+        self.net = UNet(spatial_dims=self.spatial_dims, in_channels=1, out_channels=1,
+                        channels=tuple(channels), strides=tuple(strides), num_res_units=1)
+
+
+class UNet2DSlices(_MonaiUNet):
+    """A 2D U-Net applied to every slice on its own (the seed's "CNN" baseline)."""
+
+    kind, spatial_dims = "unet2d", 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, z, y, w = x.shape  # (B, Z, Y, X)
@@ -193,19 +199,10 @@ class UNet2DSlices(nn.Module):
         return out.reshape(b, z, y, w)
 
 
-class UNet3D(nn.Module):
+class UNet3D(_MonaiUNet):
     """A 3D U-Net (MONAI) over the whole volume."""
 
-    kind = "unet3d"
-
-    def __init__(self, channels=UNET_CHANNELS, strides=UNET_STRIDES):
-        super().__init__()
-        from monai.networks.nets import UNet
-
-        self.config = {"kind": self.kind, "channels": list(channels), "strides": list(strides)}
-        self.net = UNet(spatial_dims=3, in_channels=1, out_channels=1, channels=tuple(channels),
-                        strides=tuple(strides), num_res_units=1)
-        self.multiple = int(np.prod(strides))
+    kind, spatial_dims = "unet3d", 3
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.unsqueeze(1)).squeeze(1)  # (B, 1, Z, Y, X) -> (B, Z, Y, X)

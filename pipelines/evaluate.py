@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Optional, Union
 
 import numpy as np
 
 from ctpore.data.errors import InputError
-from ctpore.data.io import read_label, read_volume
+from ctpore.data.io import load_scan, read_label, read_volume
 from ctpore.data.metrics import check_binary, comparison_metrics, volume_metrics
 
 
@@ -49,15 +48,13 @@ def evaluate_files(
     slice_axis: Optional[int] = None,
 ) -> dict:
     """:func:`evaluate` on files (NIfTI or TIFF); the spacing is the prediction's."""
-    pred = read_label(pred_path, slice_axis=slice_axis)
-    from ctpore.data.io import load_scan
-
-    with load_scan(pred_path, slice_axis=slice_axis) as scan:
+    with load_scan(pred_path, slice_axis=slice_axis) as scan:  # one open: geometry and data
         geometry = scan.geometry
+        pred = check_binary(scan.read(), path=pred_path, what="prediction")
     truth = read_label(truth_path, slice_axis=slice_axis, like=geometry)
     prob = None
     if prob_path is not None:
-        prob, pgeom = read_volume(prob_path, slice_axis=slice_axis)
+        prob, _ = read_volume(prob_path, slice_axis=slice_axis)
         if prob.shape != pred.shape:
             raise InputError(f"shape {prob.shape} differs from the prediction's {pred.shape}", path=prob_path)
         if prob.min() < 0 or prob.max() > 1:

@@ -277,14 +277,19 @@ def check_outputs(scan_path, outdir, overwrite: bool) -> dict:
     return paths
 
 
+def chmod_default(path: Union[str, os.PathLike]) -> None:
+    """Give a file the permissions a plain ``open()`` would (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
     """Write JSON to ``path`` whole or not at all (temp file + rename)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+        chmod_default(tmp)  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "w") as fh:
             json.dump(obj, fh, indent=2)
             fh.write("\n")

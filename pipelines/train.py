@@ -609,9 +609,9 @@ def export_weights(result: TrainResult, path: Union[str, os.PathLike], name: Opt
         tmp = path.with_name(f".{path.name}.tmp")
         save_file(sd, str(tmp), metadata=meta)
         os.replace(tmp, path)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)  # shipped files are readable by everyone
+    from ctpore.pipelines.reconstruct import chmod_default
+
+    chmod_default(path)  # safetensors writes 0600; shipped files are readable by everyone
     if progress is not None:
         progress(1, 1, "choosing post-processing on validation scans")
     return path
