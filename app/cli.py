@@ -232,7 +232,9 @@ def bench_speed(size, backends, repeats, window):
               help="Real unlabelled scan (default ../shared/data/quantimpy_rock/gray.nii.gz).")
 @click.option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path))
 @click.option("--device", default="cpu", show_default=True)
-def bench_quality(n_sim, size, leopard, real_scan, outdir, device):
+@click.option("--weights-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder with poreformer/unet2d/unet3d.safetensors (default: the shipped weights).")
+def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir):
     """PoreFormer beside Otsu, the Fiji pipeline and U-Nets: writes OUTDIR/benchmark.md and .json."""
     from ctpore.pipelines.bench import bench_quality as run
     from ctpore.pipelines.bench import default_shared, write_report
@@ -243,9 +245,11 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device):
     if real_scan is None and shared is not None and (shared / "quantimpy_rock" / "gray.nii.gz").exists():
         real_scan = shared / "quantimpy_rock" / "gray.nii.gz"
     with _Progress("bench") as bar:
-        res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar)
+        res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar,
+                  weights=weights_dir)
     write_report(res, outdir, command="ctpore bench quality" + (f" --n-sim {n_sim}" if n_sim != 8 else "")
-                 + (f" --size {size}" if size != 64 else ""))
+                 + (f" --size {size}" if size != 64 else "")
+                 + (f" --weights-dir {weights_dir}" if weights_dir is not None else ""))
     width = max(len(m) for m in res["summary"])
     click.echo(f"{'method':<{width}}  {'MSE':>8}  {'Dice':>6}  {'Euler err':>9}  {'φ err':>7}  {'s':>6}")
     for m, v in res["summary"].items():

@@ -5,6 +5,8 @@ stack as a sequence over the slices ``z``::
 
     x (B, Z, Y, X)
       -> encoder: 2D convs on each slice alone           (B*Z, C, Y, X)   in-plane context only
+         + context branch (optional): each slice average-pooled by ``context_scale``, dilated
+           3x3 convs on the pooled grid, bilinear upsampling, added to the tokens (far reach)
       -> tokens across slices: sequences (B*Y*X, Z, C), stored slice-major (Z, B*Y*X, C)
       -> n_layers x block:
              t = t + Attn(LN(t)),  V = W_v LN(t) + pos_enc(z)   (causal, optional window W)
@@ -14,7 +16,9 @@ stack as a sequence over the slices ``z``::
 Nothing but the attention looks across slices, and the attention only looks back, so the
 output at slice ``z`` depends on slices ``<= z`` only (and, with a window ``W``, on slices
 ``z-W+1 ... z`` of the attention input; stacked layers reach ``n_layers * (W-1)`` slices back).
-In the plane every pixel sees a square of radius :attr:`PoreFormerConfig.halo`.
+In the plane every pixel sees a square of radius :attr:`PoreFormerConfig.halo`; only the
+blocks' share of it (:attr:`PoreFormerConfig.block_reach`) needs tokens, the rest is read by
+the per-slice convs, so a streamed tile makes tokens for its core plus a few pixels only.
 
 There is no BatchNorm or GroupNorm: statistics mixed over slices or over the tile would break
 causality and make a tiled, streamed prediction differ from the full pass. The only norm is a
@@ -57,6 +61,9 @@ class PoreFormerConfig:
     dropout: float = 0.0  # on attention weights and residual branches, only while training
     encoder_channels: tuple[int, ...] = (16, 32)  # one k x k conv + GELU per entry, per slice
     encoder_kernel: int = 3  # odd kernel size of the encoder convs
+    context_scale: int = 0  # in-plane context branch: average-pool factor (>= 2); 0 = off
+    context_channels: tuple[int, ...] = (16, 32, 32)  # one 3x3 conv + GELU per entry, pooled
+    context_dilations: tuple[int, ...] = (1, 2, 4)  # dilation of each context conv (pooled px)
     mlp_ratio: float = 1.0  # MLP hidden width = round(d_model * mlp_ratio)
     mlp_dwconv: bool = True  # in-plane depthwise conv inside each MLP (widens the halo)
     dwconv_kernel: int = 3  # odd kernel size of that depthwise conv
@@ -67,6 +74,8 @@ class PoreFormerConfig:
 
     def __post_init__(self) -> None:
         self.encoder_channels = tuple(int(c) for c in self.encoder_channels)
+        self.context_channels = tuple(int(c) for c in self.context_channels)
+        self.context_dilations = tuple(int(d) for d in self.context_dilations)
         bad = []
 
         def need(ok: bool, msg: str) -> None:
@@ -97,6 +106,15 @@ class PoreFormerConfig:
              f"encoder_kernel must be odd, got {self.encoder_kernel}")
         need(self.dwconv_kernel >= 1 and self.dwconv_kernel % 2 == 1,
              f"dwconv_kernel must be odd, got {self.dwconv_kernel}")
+        need(self.context_scale == 0 or self.context_scale >= 2,
+             f"context_scale must be 0 (off) or an integer >= 2, got {self.context_scale}")
+        if self.context_scale:
+            need(len(self.context_channels) >= 1 and all(c >= 1 for c in self.context_channels),
+                 f"context_channels must be >= 1, got {list(self.context_channels)}")
+            need(len(self.context_dilations) == len(self.context_channels)
+                 and all(d >= 1 for d in self.context_dilations),
+                 "context_dilations needs one dilation >= 1 per context channel entry, got "
+                 f"{list(self.context_dilations)}")
         need(self.mlp_ratio > 0, f"mlp_ratio must be > 0, got {self.mlp_ratio}")
         need(self.pos_features >= 2 and self.pos_features % 2 == 0,
              f"pos_features must be even and >= 2, got {self.pos_features}")
@@ -105,16 +123,41 @@ class PoreFormerConfig:
             raise InputError("bad PoreFormer config: " + "; ".join(bad))
 
     @property
+    def encoder_reach(self) -> int:
+        """In-plane radius, in pixels, of the full-resolution encoder convs."""
+        return len(self.encoder_channels) * (self.encoder_kernel // 2)
+
+    @property
+    def context_reach(self) -> int:
+        """In-plane radius, in pixels, of the pooled context branch (0 when it is off).
+
+        A pixel's bilinear upsampling reads the pooled cells within one cell of its own; each
+        pooled cell sees ``R = sum(dilations)`` cells around it (3x3 convs), and a cell spans
+        ``context_scale`` pixels, so the reach is ``(R + 2) * scale - 1``.
+        """
+        if not self.context_scale:
+            return 0
+        return (sum(self.context_dilations) + 2) * self.context_scale - 1
+
+    @property
+    def block_reach(self) -> int:
+        """In-plane radius, in pixels, of the blocks' depthwise convs (the token halo)."""
+        return self.n_layers * (self.dwconv_kernel // 2) if self.mlp_dwconv else 0
+
+    @property
+    def align(self) -> int:
+        """Tiles must start on multiples of this (the pooling grid); 1 without context."""
+        return self.context_scale or 1
+
+    @property
     def halo(self) -> int:
         """In-plane receptive-field radius in pixels (the tile halo for exact stitching).
 
-        Each encoder conv adds ``encoder_kernel // 2``, each block's depthwise conv adds
-        ``dwconv_kernel // 2``; everything else is per pixel.
+        The block convs' reach plus the larger of the encoder's and the context branch's,
+        rounded up to a multiple of :attr:`align` so tiles keep the pooling grid.
         """
-        r = len(self.encoder_channels) * (self.encoder_kernel // 2)
-        if self.mlp_dwconv:
-            r += self.n_layers * (self.dwconv_kernel // 2)
-        return r
+        r = self.block_reach + max(self.encoder_reach, self.context_reach)
+        return -(-r // self.align) * self.align
 
     @property
     def mlp_hidden(self) -> int:
@@ -125,6 +168,8 @@ class PoreFormerConfig:
         """Plain JSON-able dict (tuples as lists)."""
         d = dataclasses.asdict(self)
         d["encoder_channels"] = list(self.encoder_channels)
+        d["context_channels"] = list(self.context_channels)
+        d["context_dilations"] = list(self.context_dilations)
         return d
 
     def to_json(self) -> str:
@@ -313,6 +358,20 @@ class PoreFormer(nn.Module):
             c_in = c
         layers.append(nn.Conv2d(c_in, cfg.d_model, 1))  # each pixel -> a d_model token
         self.encoder = nn.Sequential(*layers)
+        # In-plane context: each slice average-pooled by context_scale (mean and local standard
+        # deviation), dilated 3x3 convs on the pooled grid, projected to d_model and upsampled
+        # bilinearly into the tokens. Cheap (1/scale^2 of the pixels) and it reaches far: the
+        # background level under beam-hardening cupping, the pore-size scale, the noise level.
+        self.context: nn.Sequential | None = None
+        self.context_proj: nn.Conv2d | None = None
+        if cfg.context_scale:
+            ctx: list[nn.Module] = []
+            c_in = 2
+            for c, dil in zip(cfg.context_channels, cfg.context_dilations):
+                ctx += [nn.Conv2d(c_in, c, 3, padding=dil, dilation=dil), nn.GELU()]
+                c_in = c
+            self.context = nn.Sequential(*ctx)
+            self.context_proj = nn.Conv2d(c_in, cfg.d_model, 1)
         self.blocks = nn.ModuleList(Block(cfg, f"blocks.{i}") for i in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, 1)
@@ -322,6 +381,16 @@ class PoreFormer(nn.Module):
     def halo(self) -> int:
         """In-plane receptive-field radius in pixels (see :attr:`PoreFormerConfig.halo`)."""
         return self.config.halo
+
+    @property
+    def token_halo(self) -> int:
+        """In-plane radius of the blocks alone: the token margin a tile needs around its core."""
+        return self.config.block_reach
+
+    @property
+    def align(self) -> int:
+        """Tile windows must start on multiples of this (see :attr:`PoreFormerConfig.align`)."""
+        return self.config.align
 
     @property
     def attention_backend(self) -> str:
@@ -353,7 +422,11 @@ class PoreFormer(nn.Module):
 
     # ---------------------------------------------------------------------------------------
     def forward(
-        self, x: torch.Tensor, z0: int = 0, cache: list[KVCache] | None = None
+        self,
+        x: torch.Tensor,
+        z0: int = 0,
+        cache: list[KVCache] | None = None,
+        margins: tuple[int, int, int, int] | None = None,
     ) -> torch.Tensor:
         """Pore logits.
 
@@ -367,13 +440,18 @@ class PoreFormer(nn.Module):
         cache : list of KVCache, optional
             From :meth:`new_cache`; when given, ``x`` continues the slices already seen
             (``z0`` must be where the previous chunk ended) and the caches are updated.
+        margins : (top, bottom, left, right), optional
+            Pixels at the edges of ``x`` that are read only as in-plane context (the tile halo
+            beyond :attr:`token_halo`): the logits cover ``x`` without them, and only that
+            region becomes tokens. Default: none (logits for every pixel of ``x``).
 
         Returns
         -------
         torch.Tensor
-            ``(B, Z, Y, X)`` logits (sigmoid gives the pore probability).
+            ``(B, Z, Y - top - bottom, X - left - right)`` logits (sigmoid gives the pore
+            probability).
         """
-        return self._run(x, z0, cache, need_weights=False)[0]
+        return self._run(x, z0, cache, need_weights=False, margins=margins)[0]
 
     @torch.no_grad()
     def attention_maps(
@@ -410,12 +488,34 @@ class PoreFormer(nn.Module):
             out.append(w.view(b, y, xx, *w.shape[1:])[:, ys, xs].clone())
         return out
 
+    def _context(self, img: torch.Tensor) -> torch.Tensor:
+        """Context features ``(N, d_model, Y, X)`` of slices ``img`` ``(N, 1, Y, X)``.
+
+        The pooling grid starts at ``img``'s first pixel, so a tile must start on a multiple of
+        :attr:`align`; the last partial cell is filled by replicating the edge pixels, which a
+        tile ending at the plane's edge does exactly as the full pass does.
+        """
+        s = self.config.context_scale
+        y, xx = img.shape[-2:]
+        py, px = (-y) % s, (-xx) % s
+        if py or px:
+            img = F.pad(img, (0, px, 0, py), mode="replicate")
+        mean = F.avg_pool2d(img, s)
+        var = (F.avg_pool2d(img * img, s) - mean * mean).clamp_min(0.0)
+        c = torch.cat([mean, torch.sqrt(var + 1e-6)], dim=1)
+        for layer in self.context:
+            c = _gelu(c) if isinstance(layer, nn.GELU) else layer(c)
+        c = self.context_proj(c)  # project before upsampling: both are linear, this is cheaper
+        c = F.interpolate(c, scale_factor=s, mode="bilinear", align_corners=False)
+        return c[:, :, :y, :xx]
+
     def _run(
         self,
         x: torch.Tensor,
         z0: int,
         cache: list[KVCache] | None,
         need_weights: bool,
+        margins: tuple[int, int, int, int] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         cfg = self.config
         if not torch.is_tensor(x) or x.dim() != 4:
@@ -433,16 +533,30 @@ class PoreFormer(nn.Module):
                     )
         check = cfg.check_finite if cfg.check_finite is not None else self.training
         b, z, y, xx = x.shape
+        mt, mb, ml, mr = (0, 0, 0, 0) if margins is None else (int(m) for m in margins)
+        oy, ox = y - mt - mb, xx - ml - mr  # the token region
+        if min(mt, mb, ml, mr) < 0 or oy < 1 or ox < 1:
+            raise ValueError(f"margins {margins} do not leave a region of the {y} x {xx} input")
         # Slices outermost: (Z*B, 1, Y, X). Features then live as (Z, B, Y, X, C) in memory, a
         # channels-last image batch for the in-plane convs and slice-major tokens (Z, N, C)
         # for the rest, so no layout copies are needed between them.
-        h = x.transpose(0, 1).reshape(z * b, 1, y, xx)
+        img = x.transpose(0, 1).reshape(z * b, 1, y, xx)
+        # The encoder reads the token region plus its own reach (or up to x's edge, which is
+        # the plane's edge whenever a margin is shorter than the reach).
+        e = cfg.encoder_reach
+        et, eb, el, er = min(mt, e), min(mb, e), min(ml, e), min(mr, e)
+        h = img[:, :, mt - et : y - mb + eb, ml - el : xx - mr + er]
         for layer in self.encoder:
             h = _gelu(h) if isinstance(layer, nn.GELU) else layer(h)
             if isinstance(layer, nn.Conv2d):
                 h = h.contiguous(memory_format=torch.channels_last)  # no-op after the first
+        if et or eb or el or er:
+            h = h[:, :, et : et + oy, el : el + ox]
+        if self.context is not None:
+            h = _add(h, self._context(img)[:, :, mt : mt + oy, ml : ml + ox])
         if check:
             check_finite(h, "encoder", "output")
+        y, xx = oy, ox
         t = h.permute(0, 2, 3, 1).reshape(z, b * y * xx, h.shape[1])  # (Z, N, C)
         zfeat = z_features(z0, z, cfg.pos_features, cfg.pos_max_period, x.device, x.dtype)
         maps: list[torch.Tensor] = []

@@ -64,20 +64,24 @@ def n_params(model) -> int:
 class Runner:
     """Holds the loaded models; ``run(method, scan) -> (prob, pores, seconds)``."""
 
-    def __init__(self, methods=METHODS, device: str = "cpu"):
+    def __init__(self, methods=METHODS, device: str = "cpu", weights: Optional[Path] = None):
         self.device = device
         self.models: dict = {}
         self.params: dict = {m: 0 for m in methods}
+        self.poreformer_weights: Optional[Path] = None
+        wdir = Path(weights) if weights is not None else weights_dir()
         for m in methods:
             if m in ("unet2d", "unet3d"):
-                self.models[m] = _load_unet(m)
+                self.models[m] = _load_unet(m, wdir / f"{m}.safetensors")
                 self.params[m] = n_params(self.models[m])
             elif m == "poreformer":
-                from ctpore.models.weights import default_weights_path, load_model
+                from ctpore.models.weights import load_model
 
-                path = default_weights_path()
-                if path is None:
-                    raise InputError("no shipped PoreFormer weights (models/weights/poreformer.safetensors)")
+                path = wdir / "poreformer.safetensors"
+                if not path.exists():
+                    raise InputError("no PoreFormer weights; train them with configs/train.yaml",
+                                     path=path)
+                self.poreformer_weights = path
                 self.params[m] = n_params(load_model(path))
 
     def run(self, method: str, scan: np.ndarray):
@@ -102,7 +106,8 @@ class Runner:
         else:
             from ctpore.pipelines.reconstruct import reconstruct
 
-            res = reconstruct(scan, method="poreformer", device=self.device)
+            res = reconstruct(scan, method="poreformer", weights=self.poreformer_weights,
+                              device=self.device)
             prob, pores = res.probability, res.pores
         return prob, pores, time.perf_counter() - t0
 
@@ -141,9 +146,14 @@ def bench_quality(
     methods=METHODS,
     device: str = "cpu",
     progress: ProgressFn = None,
+    weights: Optional[Union[str, os.PathLike]] = None,
 ) -> dict:
-    """Score every method on every case; return the per-case rows, the means and the real scan."""
-    runner = Runner(methods, device)
+    """Score every method on every case; return the per-case rows, the means and the real scan.
+
+    ``weights`` is a folder holding ``poreformer``/``unet2d``/``unet3d.safetensors`` (default:
+    the shipped ones in ``models/weights``), so candidate weights are scored before they ship.
+    """
+    runner = Runner(methods, device, None if weights is None else Path(weights))
     cases = list(bench_cases(n_sim, size, leopard))
     total = len(cases) * len(methods) + (len(methods) if real_scan else 0)
     done = 0

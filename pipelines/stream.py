@@ -4,7 +4,11 @@ How it works
 ------------
 The plane is cut into tiles; each tile is read with a halo as wide as the model's in-plane
 receptive field (:attr:`PoreFormer.halo`), so once the halo is cropped off the tiles stitch
-without seams and equal the full pass. Tiles are the OUTER loop: each tile streams through the
+without seams and equal the full pass. Only the core plus the blocks' own reach
+(:attr:`PoreFormer.token_halo`) becomes tokens; the rest of the halo feeds the per-slice encoder
+and the pooled context branch. With a context branch, tiles start on multiples of the pooling
+factor (:attr:`PoreFormer.align`; the tile size is rounded up to one) so every tile pools on the
+same grid as the full pass. Tiles are the OUTER loop: each tile streams through the
 slices in chunks of ``chunk_slices`` with its own per-layer KV cache, which keeps the keys and
 values of the last ``W - 1`` slices of a model with look-back window ``W``. The z-position
 encoding gets the chunk's absolute offset. The result equals ``sigmoid(model(volume))`` up to
@@ -13,10 +17,10 @@ float rounding.
 Memory
 ------
 With a windowed model (``config.window = W``) the memory depends on ``W``, ``chunk_slices`` and
-the tile, not on the number of slices: about ``(tile + 2*halo)^2 * (W - 1 + chunk_slices)``
+the tile, not on the number of slices: about ``(tile + 2*token_halo)^2 * (W - 1 + chunk_slices)``
 tokens of ``d_model`` floats per layer, plus the chunk's activations. With ``window=None`` the
 cache holds every earlier slice (exact, as the model was trained), so memory then grows with the
-stack: about ``(tile + 2*halo)^2 * Z * 2 * d_model * 4`` bytes per layer (1.1 GB per layer for a
+stack: about ``(tile + 2*token_halo)^2 * Z * 2 * d_model * 4`` bytes per layer (1.1 GB per layer for a
 128^3 volume in one 128 x 128 tile with the default model). Long stacks should use a windowed
 model.
 
@@ -149,8 +153,8 @@ def predict(
     chunk_slices : int
         Slices per forward call.
     tile : int
-        Side of a tile's core in pixels; each tile is read with ``model.halo`` extra pixels on
-        every side.
+        Side of a tile's core in pixels (rounded up to a multiple of ``model.align``); each tile
+        is read with ``model.halo`` extra pixels on every side.
     device : str or torch.device, optional
         Where to run; default the device of the model's parameters.
     progress : callable, optional
@@ -195,6 +199,9 @@ def predict(
     if params and params[0].device != dev:
         model.to(dev)
     halo = int(getattr(model, "halo", 0))
+    token_halo = int(getattr(model, "token_halo", halo))  # tokens needed around a core
+    align = int(getattr(model, "align", 1))  # windows start on the model's pooling grid
+    tile = -(-tile // align) * align
     nz, ny, nx = shape
     tiles = plan_tiles(ny, nx, tile, halo)
     n_chunks = math.ceil(nz / chunk_slices)
@@ -204,15 +211,20 @@ def predict(
     try:
         with torch.inference_mode():
             for (y0, y1, x0, x1), window in tiles:
-                wy0, _wy1, wx0, _wx1 = window
+                wy0, wy1, wx0, wx1 = window
+                # Only the core and the blocks' reach become tokens; the rest of the window
+                # is read as in-plane context (encoder and context branch).
+                ty0, ty1 = max(0, y0 - token_halo), min(ny, y1 + token_halo)
+                tx0, tx1 = max(0, x0 - token_halo), min(nx, x1 + token_halo)
+                margins = (ty0 - wy0, wy1 - ty1, tx0 - wx0, wx1 - tx1)
                 # One cache per tile: it streams through every z.
                 cache = model.new_cache(capacity=nz)  # sizes a full (window=None) cache once
                 for z0 in range(0, nz, chunk_slices):
                     z1 = min(z0 + chunk_slices, nz)
                     arr = _read_chunk(volume, z0, z1, window, (ny, nx))  # (n, h, w)
                     x = torch.from_numpy(arr).to(device=dev, dtype=dtype)[None]  # (1, n, h, w)
-                    logits = model(x, z0=z0, cache=cache)  # (1, n, h, w)
-                    core = logits[0, :, y0 - wy0 : y1 - wy0, x0 - wx0 : x1 - wx0]
+                    logits = model(x, z0=z0, cache=cache, margins=margins)  # (1, n, th, tw)
+                    core = logits[0, :, y0 - ty0 : y1 - ty0, x0 - tx0 : x1 - tx0]
                     out[z0:z1, y0:y1, x0:x1] = core.float().sigmoid().cpu().numpy()
                     done += 1
                     if progress is not None:

@@ -69,6 +69,47 @@ def test_stream_equals_full_pass(cfg_kw, chunk):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "cfg_kw, tile",
+    [
+        ({"window": 4, "context_scale": 4, "context_channels": (4, 4),
+          "context_dilations": (1, 2)}, 8),
+        ({"context_scale": 2, "context_channels": (4,), "context_dilations": (3,)}, 7),
+        ({"context_scale": 3, "context_channels": (4,), "context_dilations": (1,)}, 10),
+    ],
+    ids=["scale4", "scale2-odd-tile", "scale3"],
+)
+def test_stream_with_context_branch_equals_full_pass(cfg_kw, tile):
+    """Tiles far from the plane's edges (context-only margins) and odd plane sizes stitch exactly."""
+    torch.manual_seed(0)
+    model = PoreFormer(small(**cfg_kw))
+    assert model.halo % model.align == 0 and model.halo >= model.token_halo
+    vol = volume(6, 75, 70)  # the halo is well inside the plane: margins are exercised
+    tiles = plan_tiles(75, 70, -(-tile // model.align) * model.align, model.halo)
+    assert any(w[0] > 0 and w[1] < 75 for _c, w in tiles)  # some windows are interior
+    want = full_pass(model, vol)
+    got = predict(model, vol, chunk_slices=4, tile=tile)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_context_branch_reaches_far_in_plane():
+    """A pixel's logit changes when a pixel beyond the encoder's reach changes, and not beyond
+    the stated halo."""
+    torch.manual_seed(0)
+    cfg = small(context_scale=4, context_channels=(4, 4), context_dilations=(1, 2))
+    model = PoreFormer(cfg).eval()
+    vol = torch.from_numpy(volume(3, 96, 96))[None]
+    far = cfg.block_reach + cfg.encoder_reach + 6  # beyond the local convs
+    with torch.no_grad():
+        base = model(vol)[0, -1, 48, 48]
+        v2 = vol.clone()
+        v2[0, :, 48, 48 + far] += 5.0
+        assert abs(float(model(v2)[0, -1, 48, 48] - base)) > 1e-6
+        v3 = vol.clone()
+        v3[0, :, 48, 48 + model.halo + 1] += 5.0  # outside the halo: no effect at all
+        assert float(model(v3)[0, -1, 48, 48] - base) == 0.0
+
+
 def test_lazy_volume_memmap_out_and_progress(tmp_path):
     torch.manual_seed(1)
     model = PoreFormer(small(window=4))

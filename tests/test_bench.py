@@ -1,0 +1,49 @@
+"""The quality benchmark: its means are the means of its rows, it scores candidate weights from a
+folder, and its report holds every row."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ctpore.data.errors import InputError
+from ctpore.data.metrics import comparison_metrics
+from ctpore.data.synthetic import make_pair
+from ctpore.pipelines.bench import BENCH_SEED_BASE, Runner, bench_quality, weights_dir, write_report
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_summary_is_the_mean_of_rows_and_report_lists_every_row(tmp_path):
+    res = bench_quality(n_sim=2, size=24, methods=("otsu", "filtered_otsu"))
+    assert len(res["rows"]) == 4
+    for m in ("otsu", "filtered_otsu"):
+        rows = [r for r in res["rows"] if r["method"] == m]
+        for k in ("mse", "dice", "euler_error_rel", "porosity_error"):
+            assert res["summary"][m][k] == pytest.approx(np.mean([r[k] for r in rows]))
+    # A row is comparison_metrics of that method on the case the seed defines.
+    scan, truth, _ = make_pair(BENCH_SEED_BASE + 1, shape=(24,) * 3)
+    prob, pores, _ = Runner(("otsu",)).run("otsu", scan)
+    want = comparison_metrics(pores, truth, prob=prob)
+    got = [r for r in res["rows"] if r["method"] == "otsu"][1]
+    assert got["dice"] == pytest.approx(want["dice"]) and got["mse"] == pytest.approx(want["mse"])
+    write_report(res, tmp_path, command="test")
+    md = (tmp_path / "benchmark.md").read_text()
+    assert md.count("| sim-0") == 4
+    js = json.loads((tmp_path / "benchmark.json").read_text())
+    assert len(js["rows"]) == 4
+
+
+def test_weights_dir_is_used_and_a_missing_file_is_named(tmp_path):
+    shipped = weights_dir() / "unet2d.safetensors"
+    if not shipped.exists():
+        pytest.skip("no shipped unet2d weights")
+    with pytest.raises(InputError) as exc:
+        Runner(("unet2d",), weights=tmp_path)
+    assert str(tmp_path / "unet2d.safetensors") in str(exc.value)
+    shutil.copy(shipped, tmp_path / "unet2d.safetensors")
+    runner = Runner(("unet2d",), weights=tmp_path)
+    assert runner.params["unet2d"] > 0
