@@ -46,7 +46,8 @@ class DataConfig:
     n_train: int = 48                # simulated training volumes (generated once, then cropped)
     n_val: int = 4                   # simulated validation volumes (full volumes are scored)
     volume_size: int = 64            # edge of each simulated cubic volume
-    crop: tuple = (32, 48, 48)       # training crop (Z, Y, X)
+    crop: tuple = (32, 48, 48)       # training crop (Z, Y, X): the voxels the loss covers
+    context: int = 0                 # extra in-plane pixels read around each crop as input only
     augment: bool = True             # MONAI flips, in-plane 90° turns, intensity/gamma/noise changes
 
 
@@ -233,20 +234,32 @@ def _augmenter():
 MAX_Z0 = 4096
 
 
-def make_batch(pool: Pool, cfg: TrainConfig, step: int, augmenter=None) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The batch of ``step`` and its first slice's absolute depth: a pure function of (pool, config, step)."""
+def make_batch(
+    pool: Pool, cfg: TrainConfig, step: int, augmenter=None
+) -> tuple[torch.Tensor, torch.Tensor, int, tuple[int, int, int, int]]:
+    """The batch of ``step``: a pure function of (pool, config, step).
+
+    Returns ``(x, y, z_first, margins)``: input windows ``x`` (B, Z, Y + top + bottom, X + left +
+    right), labels ``y`` (B, Z, Y, X) of the crop inside them, the first slice's absolute depth,
+    and ``margins = (top, bottom, left, right)``, the input-only pixels around the crop (up to
+    ``data.context`` a side, fewer where the scan ends; one offset for the whole batch). At
+    inference every pixel away from the scan's edges has real neighbours; with a context the
+    network meets that in training too instead of zero padding at every crop border.
+    """
     rng = np.random.default_rng([cfg.seed, step])
     z_first = int(rng.integers(MAX_Z0))
     cz, cy, cx = cfg.data.crop
+    ctx = int(cfg.data.context)
     xs, ys = [], []
     for b in range(cfg.batch_size):
         i = int(rng.integers(len(pool.scans)))
         scan, truth = pool.scans[i], pool.truths[i]
         z, y, x = scan.shape
         dz, dy, dx = min(cz, z), min(cy, y), min(cx, x)
-        z0, y0, x0 = (int(rng.integers(0, s - d + 1)) for s, d in ((z, dz), (y, dy), (x, dx)))
-        img = scan[z0:z0 + dz, y0:y0 + dy, x0:x0 + dx]
-        lab = truth[z0:z0 + dz, y0:y0 + dy, x0:x0 + dx]
+        wy, wx = min(dy + 2 * ctx, y), min(dx + 2 * ctx, x)  # the input window
+        z0, y0, x0 = (int(rng.integers(0, s - d + 1)) for s, d in ((z, dz), (y, wy), (x, wx)))
+        img = scan[z0:z0 + dz, y0:y0 + wy, x0:x0 + wx]
+        lab = truth[z0:z0 + dz, y0:y0 + wy, x0:x0 + wx]
         if augmenter is not None:
             augmenter.set_random_state(seed=int(rng.integers(2**31 - 1)))
             out = augmenter({"image": img[None].copy(), "label": lab[None].copy()})
@@ -254,7 +267,13 @@ def make_batch(pool: Pool, cfg: TrainConfig, step: int, augmenter=None) -> tuple
             lab = np.asarray(out["label"])[0]
         xs.append(np.ascontiguousarray(img, dtype=np.float32))
         ys.append(np.ascontiguousarray(lab, dtype=np.float32))
-    return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys)), z_first
+    margins = (0, 0, 0, 0)
+    if ctx:
+        (wy, wx), (dy, dx) = xs[0].shape[1:], (min(cy, xs[0].shape[1]), min(cx, xs[0].shape[2]))
+        oy, ox = int(rng.integers(0, wy - dy + 1)), int(rng.integers(0, wx - dx + 1))
+        margins = (oy, wy - dy - oy, ox, wx - dx - ox)
+        ys = [lab[:, oy:oy + dy, ox:ox + dx] for lab in ys]
+    return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys)), z_first, margins
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,12 +506,17 @@ def train(
         torch.manual_seed(cfg.seed * 1_000_003 + step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        x, y, z_first = make_batch(train_pool, cfg, step, augmenter)
+        x, y, z_first, margins = make_batch(train_pool, cfg, step, augmenter)
         x, y = x.to(dev), y.to(dev)
-        kw = {"z0": z_first} if cfg.model == "poreformer" else {}
+        # PoreFormer makes tokens for the crop only and reads the margins as context; a U-Net
+        # runs on the whole window and its logits are cropped: both see the same input.
+        kw = {"z0": z_first, "margins": margins} if cfg.model == "poreformer" else {}
         try:
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
                 logits = model(x, **kw)
+                if cfg.model != "poreformer" and any(margins):
+                    mt, mb, ml, mr = margins
+                    logits = logits[..., mt:logits.shape[-2] - mb, ml:logits.shape[-1] - mr]
         except NonFiniteError as exc:  # the model's own guard names the layer and tensor
             raise NonFiniteError(f"step {step}: {exc}; training stopped (lower the learning rate "
                                  "or check the data)") from None
