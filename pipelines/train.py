@@ -125,7 +125,10 @@ def config_to_dict(cfg: TrainConfig) -> dict:
 
 def data_config_hash(cfg: TrainConfig) -> str:
     """sha256 of the canonical JSON of the data section: which scans the weights were trained on."""
-    blob = json.dumps(asdict(cfg.data), sort_keys=True, default=list).encode()
+    data = asdict(cfg.data)
+    if not data.get("context"):
+        data.pop("context", None)  # context 0 is the data of configs written before it existed
+    blob = json.dumps(data, sort_keys=True, default=list).encode()
     return hashlib.sha256(blob).hexdigest()
 
 
