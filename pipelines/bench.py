@@ -39,12 +39,11 @@ def weights_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "models" / "weights"
 
 
-def _load_unet(kind: str, path: Optional[Path] = None):
+def _load_unet(kind: str, path: Path):
     from safetensors import safe_open
 
     from ctpore.models.baselines import build_unet
 
-    path = path or weights_dir() / f"{kind}.safetensors"
     if not path.exists():
         raise InputError(f"no trained {kind} weights; train them with configs/train_{kind}.yaml", path=path)
     with safe_open(str(path), framework="pt") as fh:
