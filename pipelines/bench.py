@@ -53,6 +53,9 @@ def _load_unet(kind: str, path: Path):
     model.load_state_dict(sd)
     model.min_size = int(meta.get("min_size", 0))  # post-processing chosen on validation scans
     model.threshold = float(meta.get("threshold", 0.5))
+    from ctpore.pipelines.reconstruct import _calibration
+
+    model.calibration = _calibration(meta, path)
     return model.eval()
 
 
@@ -99,9 +102,13 @@ class Runner:
         elif method in ("unet2d", "unet3d"):
             model = self.models[method]
             prob = predict_unet(model, normalize_volume(scan), device=self.device)
-            pores = (prob >= model.threshold).astype(np.uint8)
+            pores = (prob >= model.threshold).astype(np.uint8)  # on the raw probability
             if model.min_size > 1:
                 pores = clean_specks(pores, model.min_size)
+            if model.calibration is not None:
+                from ctpore.data.calibration import apply_calibration
+
+                apply_calibration(prob, model.calibration, out=prob)
         else:
             from ctpore.pipelines.reconstruct import reconstruct
 

@@ -160,8 +160,19 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):
         "threshold": float(meta.get("threshold", 0.5)),
         "min_size": int(meta.get("min_size", 0)),
         "bidirectional": bidirectional,
+        "calibration": _calibration(meta, path),
     }
     return prob, info
+
+
+def _calibration(meta: dict, path: Path):
+    from ctpore.data.calibration import calibration_from_metadata
+
+    try:
+        return calibration_from_metadata(meta)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise InputError(f"the stored probability calibration is malformed ({exc}); "
+                         "refit it with ctpore.pipelines.train.refit_postprocessing", path=path) from None
 
 
 def reconstruct(
@@ -213,11 +224,15 @@ def reconstruct(
         if concrete == "poreformer":
             prob, pf = _predict_poreformer(volume, weights, device, chunk_slices, tile, progress)
             info.update(pf)
-            pores = (prob >= info["threshold"]).astype(np.uint8)
+            pores = (prob >= info["threshold"]).astype(np.uint8)  # on the raw probability
             if info["min_size"] > 1:
                 from ctpore.models.baselines import clean_specks
 
                 pores = clean_specks(pores, info["min_size"])
+            if info["calibration"] is not None:
+                from ctpore.data.calibration import apply_calibration
+
+                apply_calibration(prob, info["calibration"], out=prob)
         else:
             from ctpore.models.baselines import otsu_segment
 

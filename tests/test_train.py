@@ -90,9 +90,11 @@ def test_loss_terms_are_zero_for_a_perfect_confident_prediction():
     assert all(float(v) > 0.5 for v in bad.values())
 
 
-def test_export_writes_loadable_weights_with_provenance(tmp_path):
+def test_export_writes_loadable_weights_with_provenance(tmp_path, monkeypatch):
     from ctpore.models.weights import load_model, read_metadata
+    from ctpore.pipelines import train as T
 
+    monkeypatch.setattr(T, "POSTPROCESSING_SCANS", 2)
     cfg = config_from_dict({**TINY, "steps": 2})
     res = train(cfg, tmp_path / "run")
     path = export_weights(res, tmp_path / "w.safetensors")
