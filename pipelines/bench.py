@@ -237,9 +237,10 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
         f"Cases: {result['n_sim']} simulated scans of {result['size']}³ voxels whose seeds no training run uses"
         + (", and the real Leopard sandstone pore geometry (Digital Rocks Portal 317) scanned by ctpore's CT simulator."
            if result["leopard"] else "."),
-        "MSE is computed from each method's probability map (0/1 for the thresholding methods); the relative",
-        "Euler error is |χ − χ_true| / max(|χ_true|, 1) with 26-connected pores. Means over cases; lower is",
-        "better except Dice.",
+        "MSE is computed from each method's probability map (0/1 for the thresholding methods; for the learned",
+        "models calibrated on validation-range scans, as `ctpore reconstruct` writes it); the relative Euler",
+        "error is |χ − χ_true| / max(|χ_true|, 1) with 26-connected pores. Means over cases; lower is better",
+        "except Dice.",
         "",
         "| method | MSE | Dice | rel. Euler error | porosity error | seconds | parameters |",
         "|---|---:|---:|---:|---:|---:|---:|",

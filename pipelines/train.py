@@ -580,13 +580,15 @@ def _predict_val(model: nn.Module, scan: np.ndarray, device, bidirectional: bool
     return prob
 
 
-def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold: float = 0.5) -> dict:
+def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold: float = 0.5,
+                          return_probs: bool = False) -> dict:
     """Choose speck removal (and, for a causal model, bidirectional averaging) on validation scans.
 
     Every option is scored by the mean relative Euler error, ties broken by MSE, on ``pool`` (the
     validation scans, never the benchmark's); the probability calibration is then fitted on the
     same scans with the chosen option (see :mod:`ctpore.data.calibration`). Returns
-    ``{"min_size", "bidirectional", "table", "calibration"}``.
+    ``{"min_size", "bidirectional", "table", "calibration"}`` (and ``"probs"``, the chosen raw
+    probabilities of the pool's scans, with ``return_probs``).
     """
     from ctpore.data.calibration import fit_calibration
     from ctpore.data.metrics import comparison_metrics
@@ -595,9 +597,12 @@ def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold:
     model.eval()
     causal = hasattr(model, "attention_maps")
     table = []
-    probs_by = {}
-    for bidir in ((False, True) if causal else (False,)):
-        probs = probs_by[bidir] = [_predict_val(model, scan, device, bidir) for scan in pool.scans]
+    forward = [_predict_full(model, scan, device) for scan in pool.scans]
+    probs_by = {False: forward}
+    if causal:  # the second pass over the reversed stack, averaged with the first (see _predict_val)
+        probs_by[True] = [0.5 * (f + _predict_full(model, np.ascontiguousarray(scan[::-1]), device)[::-1])
+                          for f, scan in zip(forward, pool.scans)]
+    for bidir, probs in probs_by.items():
         for ms in MIN_SIZES:
             rows = []
             for prob, truth in zip(probs, pool.truths):
@@ -610,9 +615,13 @@ def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold:
                           "mse": float(np.mean([r["mse"] for r in rows])),
                           "dice": float(np.mean([r["dice"] for r in rows]))})
     best = min(table, key=lambda r: (round(r["euler_error_rel"], 6), r["mse"]))
-    cal = fit_calibration(zip(probs_by[best["bidirectional"]], pool.truths))
-    return {"min_size": best["min_size"], "bidirectional": best["bidirectional"], "table": table,
+    chosen = probs_by[best["bidirectional"]]
+    cal = fit_calibration(zip(chosen, pool.truths))
+    post = {"min_size": best["min_size"], "bidirectional": best["bidirectional"], "table": table,
             "calibration": cal}
+    if return_probs:
+        post["probs"] = chosen
+    return post
 
 
 def export_weights(result: TrainResult, path: Union[str, os.PathLike], name: Optional[str] = None,
@@ -713,8 +722,8 @@ def refit_postprocessing(path: Union[str, os.PathLike], device: str = "cpu", pro
 
         model = _load_unet(cfg.model, path).to(device)
     pool = postprocessing_pool(cfg.data, progress)
-    post = select_postprocessing(model, pool, device, cfg.threshold)
-    probs = [_predict_val(model, scan, device, post["bidirectional"]) for scan in pool.scans]
+    post = select_postprocessing(model, pool, device, cfg.threshold, return_probs=True)
+    probs = post.pop("probs")
     post["mse_raw"] = float(np.mean([np.mean((p - t) ** 2) for p, t in zip(probs, pool.truths)]))
     post["mse"] = float(np.mean([np.mean((apply_calibration(p, post["calibration"]) - t) ** 2)
                                  for p, t in zip(probs, pool.truths)]))
