@@ -234,7 +234,11 @@ def bench_speed(size, backends, repeats, window):
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--weights-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder with poreformer/unet2d/unet3d.safetensors (default: the shipped weights).")
-def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir):
+@click.option("--seed-base", default=None, type=click.IntRange(0),
+              help="Simulate the cases from this seed instead of the held-out range (e.g. 2000100 for "
+                   "further unseen scans to compare candidates on).")
+@click.option("--simulated-only", is_flag=True, help="Leave out the Leopard case and the real scan.")
+def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, seed_base, simulated_only):
     """PoreFormer beside Otsu, the Fiji pipeline and U-Nets: writes OUTDIR/benchmark.md and .json."""
     from ctpore.pipelines.bench import bench_quality as run
     from ctpore.pipelines.bench import default_shared, write_report
@@ -244,12 +248,18 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir):
         leopard = shared / "leopard_porespy" / "label.nii.gz"
     if real_scan is None and shared is not None and (shared / "quantimpy_rock" / "gray.nii.gz").exists():
         real_scan = shared / "quantimpy_rock" / "gray.nii.gz"
+    if simulated_only:
+        leopard = real_scan = None
+    from ctpore.pipelines.train import BENCH_SEED_BASE
+
     with _Progress("bench") as bar:
         res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar,
-                  weights=weights_dir)
+                  weights=weights_dir, seed_base=BENCH_SEED_BASE if seed_base is None else seed_base)
     write_report(res, outdir, command="ctpore bench quality" + (f" --n-sim {n_sim}" if n_sim != 8 else "")
                  + (f" --size {size}" if size != 64 else "")
-                 + (f" --weights-dir {weights_dir}" if weights_dir is not None else ""))
+                 + (f" --weights-dir {weights_dir}" if weights_dir is not None else "")
+                 + (f" --seed-base {seed_base}" if seed_base is not None else "")
+                 + (" --simulated-only" if simulated_only else ""))
     width = max(len(m) for m in res["summary"])
     click.echo(f"{'method':<{width}}  {'MSE':>8}  {'Dice':>6}  {'Euler err':>9}  {'φ err':>7}  {'s':>6}")
     for m, v in res["summary"].items():

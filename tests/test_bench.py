@@ -47,3 +47,14 @@ def test_weights_dir_is_used_and_a_missing_file_is_named(tmp_path):
     shutil.copy(shipped, tmp_path / "unet2d.safetensors")
     runner = Runner(("unet2d",), weights=tmp_path)
     assert runner.params["unet2d"] > 0
+
+
+def test_seed_base_moves_the_simulated_cases(tmp_path):
+    res = bench_quality(n_sim=1, size=20, methods=("otsu",), seed_base=2_000_100)
+    scan, truth, _ = make_pair(2_000_100, shape=(20,) * 3)
+    prob, pores, _ = Runner(("otsu",)).run("otsu", scan)
+    assert res["rows"][0]["dice"] == pytest.approx(comparison_metrics(pores, truth, prob=prob)["dice"])
+    write_report(res, tmp_path, command="test")
+    assert "from seed 2000100 on" in (tmp_path / "benchmark.md").read_text()
+    with pytest.raises(InputError, match="seed base"):
+        bench_quality(n_sim=1, size=20, methods=("otsu",), seed_base=-1)
