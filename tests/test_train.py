@@ -164,3 +164,9 @@ def test_shipped_weights_were_trained_by_the_config_in_configs(name, config):
     assert stored == config_to_dict(cfg)
     assert meta["data_config_sha256"] == data_config_hash(cfg)
     assert int(meta["steps"]) == cfg.steps
+    # its post-processing and calibration were chosen on the validation seed range, so they ship
+    from ctpore.data.calibration import calibration_from_metadata
+
+    cal = calibration_from_metadata(meta)
+    assert cal is not None and sum(cal["n"]) >= 48 * cfg.data.volume_size**3
+    assert all(b >= a for a, b in zip(cal["y"], cal["y"][1:]))
