@@ -35,7 +35,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-__all__ = ["N_BINS", "fit_calibration", "apply_calibration", "calibration_from_metadata", "isotonic"]
+__all__ = ["N_BINS", "fit_calibration", "apply_calibration", "calibration_from_metadata", "isotonic",
+           "ReliabilityCounter"]
 
 #: Equal-width bins of the raw probability in which the pore frequency is measured.
 N_BINS = 50
@@ -139,3 +140,47 @@ def calibration_from_metadata(meta: dict) -> Optional[dict]:
     if not x or not y or len(x) != len(y):
         raise ValueError("the stored calibration needs x and y of equal, non-zero length")
     return cal
+
+
+class ReliabilityCounter:
+    """Accumulates how often voxels are pore at each predicted probability (reliability diagram).
+
+    ``add(prob, truth)`` any number of times; then :meth:`summary` gives, over ``n_bins`` equal
+    bins of the probability, each bin's mean probability, observed pore fraction and voxel count,
+    the expected calibration error (the voxel-weighted mean of |mean probability - pore fraction|
+    over bins) and the largest such gap over bins holding at least ``min_count`` voxels.
+
+    Examples
+    --------
+    >>> r = ReliabilityCounter(n_bins=2)
+    >>> r.add(np.array([0.1, 0.1, 0.9, 0.9]), np.array([0, 0, 1, 0]))
+    >>> s = r.summary(); round(s["ece"], 3), round(s["max_gap"], 3)
+    (0.25, 0.4)
+    """
+
+    def __init__(self, n_bins: int = 10):
+        self.n_bins = int(n_bins)
+        self.count = np.zeros(self.n_bins)
+        self.sum_p = np.zeros(self.n_bins)
+        self.sum_t = np.zeros(self.n_bins)
+
+    def add(self, prob: np.ndarray, truth: np.ndarray) -> None:
+        p = np.asarray(prob, dtype=np.float64).ravel()
+        t = np.asarray(truth, dtype=np.float64).ravel()
+        if p.shape != t.shape:
+            raise ValueError(f"probability and truth differ in size: {p.size} vs {t.size}")
+        idx = np.clip((p * self.n_bins).astype(np.int64), 0, self.n_bins - 1)
+        self.count += np.bincount(idx, minlength=self.n_bins)
+        self.sum_p += np.bincount(idx, p, minlength=self.n_bins)
+        self.sum_t += np.bincount(idx, t, minlength=self.n_bins)
+
+    def summary(self, min_count: int = 1000) -> dict:
+        k = self.count > 0
+        if not k.any():
+            return {"ece": float("nan"), "max_gap": float("nan"), "bins": []}
+        c = self.count[k]
+        mp, ft = self.sum_p[k] / c, self.sum_t[k] / c
+        gap = np.abs(mp - ft)
+        big = c >= min(min_count, c.max())
+        return {"ece": float(np.sum(c * gap) / c.sum()), "max_gap": float(gap[big].max()),
+                "bins": [{"p": float(a), "pore": float(b), "n": int(n)} for a, b, n in zip(mp, ft, c)]}

@@ -58,3 +58,41 @@ def test_seed_base_moves_the_simulated_cases(tmp_path):
     assert "from seed 2000100 on" in (tmp_path / "benchmark.md").read_text()
     with pytest.raises(InputError, match="seed base"):
         bench_quality(n_sim=1, size=20, methods=("otsu",), seed_base=-1)
+
+
+def test_reliability_counter_agrees_with_a_direct_count():
+    from ctpore.data.calibration import ReliabilityCounter
+
+    rng = np.random.default_rng(0)
+    r = ReliabilityCounter(n_bins=10)
+    ps, ts = [], []
+    for _ in range(3):
+        p = rng.random(5000)
+        t = (rng.random(5000) < p**2).astype(np.uint8)
+        r.add(p, t)
+        ps.append(p), ts.append(t)
+    p, t = np.concatenate(ps), np.concatenate(ts)
+    b = np.minimum((p * 10).astype(int), 9)
+    gaps = np.array([abs(p[b == i].mean() - t[b == i].mean()) for i in range(10)])
+    counts = np.bincount(b, minlength=10)
+    s = r.summary(min_count=1)
+    assert s["ece"] == pytest.approx(np.sum(counts * gaps) / counts.sum())
+    assert s["max_gap"] == pytest.approx(gaps.max())
+    # a calibrated model's error is small; a 0/1 map's equals its error rate
+    good = ReliabilityCounter()
+    q = rng.random(200_000)
+    good.add(q, rng.random(q.size) < q)
+    assert good.summary()["ece"] < 0.01
+    hard = ReliabilityCounter()
+    pred, truth = rng.random(1000) < 0.3, rng.random(1000) < 0.3
+    hard.add(pred.astype(float), truth)
+    assert hard.summary()["ece"] == pytest.approx(np.mean(pred != truth))
+
+
+def test_bench_reports_calibration_per_method(tmp_path):
+    res = bench_quality(n_sim=1, size=20, methods=("otsu",))
+    prob, pores, _ = Runner(("otsu",)).run("otsu", make_pair(BENCH_SEED_BASE, shape=(20,) * 3)[0])
+    truth = make_pair(BENCH_SEED_BASE, shape=(20,) * 3)[1]
+    assert res["summary"]["otsu"]["calibration_ece"] == pytest.approx(np.mean(pores != truth))
+    write_report(res, tmp_path, command="test")
+    assert "calibration error" in (tmp_path / "benchmark.md").read_text()
