@@ -39,7 +39,7 @@ def weights_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "models" / "weights"
 
 
-def _load_unet(kind: str, path: Path):
+def _load_unet(kind: str, path: Path, calibrated: bool = True):
     from safetensors import safe_open
 
     from ctpore.models.baselines import build_unet
@@ -55,7 +55,7 @@ def _load_unet(kind: str, path: Path):
     model.threshold = float(meta.get("threshold", 0.5))
     from ctpore.pipelines.reconstruct import _calibration
 
-    model.calibration = _calibration(meta, path)
+    model.calibration = _calibration(meta, path) if calibrated else None
     return model.eval()
 
 

@@ -573,13 +573,6 @@ def postprocessing_pool(data: DataConfig, progress: ProgressFn = None) -> Pool:
     return simulated_pool(wider, val=True, progress=progress)
 
 
-def _predict_val(model: nn.Module, scan: np.ndarray, device, bidirectional: bool) -> np.ndarray:
-    prob = _predict_full(model, scan, device)
-    if bidirectional:
-        prob = 0.5 * (prob + _predict_full(model, np.ascontiguousarray(scan[::-1]), device)[::-1])
-    return prob
-
-
 def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold: float = 0.5,
                           return_probs: bool = False) -> dict:
     """Choose speck removal (and, for a causal model, bidirectional averaging) on validation scans.
@@ -599,7 +592,7 @@ def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold:
     table = []
     forward = [_predict_full(model, scan, device) for scan in pool.scans]
     probs_by = {False: forward}
-    if causal:  # the second pass over the reversed stack, averaged with the first (see _predict_val)
+    if causal:  # a second pass over the reversed stack, averaged with the first (as reconstruct does)
         probs_by[True] = [0.5 * (f + _predict_full(model, np.ascontiguousarray(scan[::-1]), device)[::-1])
                           for f, scan in zip(forward, pool.scans)]
     for bidir, probs in probs_by.items():
@@ -720,7 +713,7 @@ def refit_postprocessing(path: Union[str, os.PathLike], device: str = "cpu", pro
     else:
         from ctpore.pipelines.bench import _load_unet
 
-        model = _load_unet(cfg.model, path).to(device)
+        model = _load_unet(cfg.model, path, calibrated=False).to(device)  # the map is refitted
     pool = postprocessing_pool(cfg.data, progress)
     post = select_postprocessing(model, pool, device, cfg.threshold, return_probs=True)
     probs = post.pop("probs")
