@@ -1,8 +1,8 @@
 """Calibrated pore probabilities: a monotone map fitted on validation scans (isotonic regression).
 
 A network trained with soft Dice (and clDice) beside cross-entropy does not give probabilities
-that mean what they say: on its validation scans the shipped PoreFormer's voxels at p ≈ 0.75 were
-pore only about half the time. Dice rewards the minority class for leaning towards 1 wherever it is
+that mean what they say: on 40 unseen simulated scans the shipped PoreFormer's voxels at raw p ≈ 0.75
+were pore 64% of the time. Dice rewards the minority class for leaning towards 1 wherever it is
 unsure. A probability map that users read as confidence, and the MSE that scores it, need the
 frequencies right. So each learned model ships with a calibration map fitted on its own
 validation scans (never the benchmark's):
@@ -90,22 +90,14 @@ def fit_calibration(pairs: Iterable[tuple[np.ndarray, np.ndarray]], n_bins: int 
         ``{"x": [...], "y": [...], "n": [...]}``: the bins' mean raw probability (increasing), the
         calibrated probability there, and the voxel count of each non-empty bin. JSON-ready.
     """
-    count = np.zeros(n_bins)
-    sum_p = np.zeros(n_bins)
-    sum_t = np.zeros(n_bins)
+    counter = ReliabilityCounter(n_bins)
     for prob, truth in pairs:
-        p = np.asarray(prob, dtype=np.float64).ravel()
-        t = np.asarray(truth, dtype=np.float64).ravel()
-        if p.shape != t.shape:
-            raise ValueError(f"probability and truth differ in size: {p.size} vs {t.size}")
-        idx = np.clip((p * n_bins).astype(np.int64), 0, n_bins - 1)
-        count += np.bincount(idx, minlength=n_bins)
-        sum_p += np.bincount(idx, p, minlength=n_bins)
-        sum_t += np.bincount(idx, t, minlength=n_bins)
-    keep = count > 0
+        counter.add(prob, truth)
+    keep = counter.count > 0
     if not keep.any():
         raise ValueError("no voxels to fit a calibration on")
-    c, x, f = count[keep], sum_p[keep] / count[keep], sum_t[keep] / count[keep]
+    c = counter.count[keep]
+    x, f = counter.sum_p[keep] / c, counter.sum_t[keep] / c
     y = isotonic(f, c)
     return {"x": [float(v) for v in x], "y": [float(v) for v in y], "n": [int(v) for v in c]}
 
