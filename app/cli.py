@@ -164,14 +164,17 @@ def info(scan, slice_axis, as_json):
 @click.option("--n", "n", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--size", default=64, show_default=True, type=click.IntRange(8), help="Edge of the cubic volume.")
 @click.option("--seed", default=0, show_default=True, type=int)
-def simulate(outdir, n, size, seed):
+@click.option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
+              help="Enlarge the features of half the scans by a factor up to this (as at a finer voxel size).")
+def simulate(outdir, n, size, seed, zoom_max):
     """Write N simulated CT scans of porous media with their true pores (scan_*.nii.gz, label_*.nii.gz)."""
     from ctpore.data.synthetic import write_pairs
 
     with _Progress("simulate") as bar:
-        entries = write_pairs(outdir, n, shape=(size, size, size), seed=seed, progress=bar)
+        entries = write_pairs(outdir, n, shape=(size, size, size), seed=seed, progress=bar, zoom_max=zoom_max)
     for e in entries:
-        click.echo(f"{Path(outdir) / e['scan']}  {e['family']}  porosity {e['porosity_truth']:.3f}")
+        zoom = f"  features ×{e['zoom']:.2f}" if e["zoom"] != 1.0 else ""
+        click.echo(f"{Path(outdir) / e['scan']}  {e['family']}  porosity {e['porosity_truth']:.3f}{zoom}")
     return EXIT_OK
 
 
@@ -237,8 +240,10 @@ def bench_speed(size, backends, repeats, window):
 @click.option("--seed-base", default=None, type=click.IntRange(0),
               help="Simulate the cases from this seed instead of the held-out range (e.g. 2000100 for "
                    "further unseen scans to compare candidates on).")
+@click.option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
+              help="Enlarge the features of half the simulated scans by up to this factor.")
 @click.option("--simulated-only", is_flag=True, help="Leave out the Leopard case and the real scan.")
-def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, seed_base, simulated_only):
+def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, seed_base, zoom_max, simulated_only):
     """PoreFormer beside Otsu, the Fiji pipeline and U-Nets: writes OUTDIR/benchmark.md and .json."""
     from ctpore.pipelines.bench import bench_quality as run
     from ctpore.pipelines.bench import default_shared, write_report
@@ -254,11 +259,13 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, 
 
     with _Progress("bench") as bar:
         res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar,
-                  weights=weights_dir, seed_base=BENCH_SEED_BASE if seed_base is None else seed_base)
+                  weights=weights_dir, seed_base=BENCH_SEED_BASE if seed_base is None else seed_base,
+                  zoom_max=zoom_max)
     write_report(res, outdir, command="ctpore bench quality" + (f" --n-sim {n_sim}" if n_sim != 8 else "")
                  + (f" --size {size}" if size != 64 else "")
                  + (f" --weights-dir {weights_dir}" if weights_dir is not None else "")
                  + (f" --seed-base {seed_base}" if seed_base is not None else "")
+                 + (f" --zoom-max {zoom_max:g}" if zoom_max != 1.0 else "")
                  + (" --simulated-only" if simulated_only else ""))
     width = max(len(m) for m in res["summary"])
     click.echo(f"{'method':<{width}}  {'MSE':>8}  {'Dice':>6}  {'Euler err':>9}  {'φ err':>7}  {'s':>6}")

@@ -53,6 +53,7 @@ __all__ = [
     "scan_structure",
     "scan_label",
     "make_pair",
+    "draw_zoom",
     "write_pairs",
     "VOXEL_SIZE_MM",
 ]
@@ -935,13 +936,48 @@ def scan_label(
 # ----------------------------------------------------------------------------------------------
 
 
+def _zoom_fine(fine_small: np.ndarray, out_shape: tuple[int, int, int], zoom: float) -> np.ndarray:
+    """Enlarge a fine-grid pore structure ``zoom`` times: blur (sigma 0.5), linear zoom, threshold at 0.5.
+
+    Output voxel j along an axis samples input coordinate (j + 0.5) / zoom - 0.5 (voxel-area aligned,
+    as :func:`_upsample_linear`); the output is ``out_shape`` (bool), the leading corner of the zoomed
+    structure.
+    """
+    f = ndi.gaussian_filter(fine_small.astype(np.float32), 0.5, mode="nearest")
+    inv = 1.0 / zoom
+    off = 0.5 * inv - 0.5
+    z = ndi.affine_transform(f, np.array([inv, inv, inv]), offset=off, output_shape=tuple(out_shape),
+                             order=1, mode="nearest", prefilter=False)
+    return z >= 0.5
+
+
+def draw_zoom(seed: int, zoom_max: float) -> float:
+    """The feature zoom of simulated scan ``seed`` in a set whose zooms reach ``zoom_max``.
+
+    Half the scans keep their native scale (1.0); the other half are enlarged by a factor
+    log-uniform in [1, ``zoom_max``], as when the same material is scanned at a finer voxel size.
+    Drawn from its own stream (``seed``, 1), so a set without zoom (``zoom_max`` 1) has exactly the
+    scans :func:`make_pair` gives for those seeds.
+    """
+    zoom_max = float(zoom_max)
+    if not (math.isfinite(zoom_max) and zoom_max >= 1.0):
+        raise InputError(f"zoom_max must be a number >= 1, got {zoom_max!r}")
+    if zoom_max == 1.0:
+        return 1.0
+    rng = np.random.default_rng([int(seed), 1])
+    if rng.random() < 0.5:
+        return 1.0
+    return float(math.exp(rng.uniform(0.0, math.log(zoom_max))))
+
+
 def make_pair(
     seed: int,
     shape: tuple[int, int, int] = (64, 64, 64),
     family: Optional[str] = None,
     porosity: Optional[float] = None,
+    zoom: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, dict]:
-    """One scan with its truth, a pure function of ``seed``.
+    """One scan with its truth, a pure function of ``seed`` (and ``zoom``).
 
     Parameters
     ----------
@@ -953,6 +989,11 @@ def make_pair(
         One of :data:`FAMILIES`; None: drawn from the seed.
     porosity : float, optional
         None: uniform in [0.05, 0.45] from the seed.
+    zoom : float
+        Feature scale, >= 1: the structure is built on a grid ``zoom`` times smaller and enlarged to
+        ``shape`` before it is scanned, so grains, pores and tubes are ``zoom`` times as many voxels
+        across (a finer voxel size on the same material); the scanner's blur and noise stay per
+        voxel. 1 (the default): the structure is built at ``shape`` directly.
 
     Returns
     -------
@@ -962,9 +1003,13 @@ def make_pair(
         (Z, Y, X) uint8, 1 = pore.
     info : dict
         ``family``, ``porosity`` (asked), ``porosity_truth``, ``params`` (ScannerParams as a dict),
-        ``structure`` (the structure's own random choices), ``seed``, ``shape``, ``oversample``.
+        ``structure`` (the structure's own random choices, in the voxels of the grid it was built
+        on), ``seed``, ``shape``, ``oversample``, ``zoom``.
     """
     shape = _check_shape(shape)
+    zoom = float(zoom)
+    if not (math.isfinite(zoom) and zoom >= 1.0):
+        raise InputError(f"zoom must be a number >= 1 (1 = native feature scale), got {zoom!r}")
     rng = np.random.default_rng(seed)
     drawn_family = FAMILIES[int(rng.integers(len(FAMILIES)))]  # always drawn: same stream either way
     drawn_porosity = float(rng.uniform(0.05, 0.45))
@@ -972,7 +1017,12 @@ def make_pair(
     por = drawn_porosity if porosity is None else _check_porosity(porosity)
     params = ScannerParams.random(rng)
     oversample = 2
-    fine, meta = _structure(fam, shape, por, rng, oversample, None, None)
+    if zoom == 1.0:
+        fine, meta = _structure(fam, shape, por, rng, oversample, None, None)
+    else:
+        small = tuple(max(8, math.ceil(s / zoom)) for s in shape)
+        fine_small, meta = _structure(fam, small, por, rng, oversample, None, None)
+        fine = _zoom_fine(fine_small, tuple(s * oversample for s in shape), zoom)
     scan, truth = scan_structure(fine, oversample, rng, params)
     info = {
         "family": fam,
@@ -983,6 +1033,7 @@ def make_pair(
         "seed": int(seed),
         "shape": list(shape),
         "oversample": oversample,
+        "zoom": zoom,
     }
     return scan, truth, info
 
@@ -1016,6 +1067,7 @@ def write_pairs(
     shape: tuple[int, int, int] = (64, 64, 64),
     seed: int = 0,
     progress: Optional[Callable[[int, int, str], None]] = None,
+    zoom_max: float = 1.0,
 ) -> list[dict]:
     """Write ``n`` synthetic pairs as NIfTI files with a manifest.
 
@@ -1026,8 +1078,9 @@ def write_pairs(
     ``porosity_truth``, ``params``, ``structure``, ``shape``, ``voxel_size_mm``). Each file is
     written to a temporary name and renamed; the manifest is written last.
 
-    Pair ``i`` uses seed :func:`pair_seed` ``(seed, i)``, so ``make_pair(entry["seed"], shape)``
-    rebuilds it.
+    Pair ``i`` uses seed :func:`pair_seed` ``(seed, i)`` and zoom :func:`draw_zoom` ``(that seed,
+    zoom_max)`` (1 for every pair when ``zoom_max`` is 1), so ``make_pair(entry["seed"], shape,
+    zoom=entry["zoom"])`` rebuilds it.
 
     Returns
     -------
@@ -1037,12 +1090,13 @@ def write_pairs(
     if int(n) != n or n < 0:
         raise InputError(f"n must be a non-negative integer, got {n!r}")
     shape = _check_shape(shape)
+    draw_zoom(0, zoom_max)  # checks zoom_max before anything is written
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for i in range(int(n)):
         s = pair_seed(seed, i)
-        scan, truth, info = make_pair(s, shape)
+        scan, truth, info = make_pair(s, shape, zoom=draw_zoom(s, zoom_max))
         scan_name, label_name = f"scan_{i:04d}.nii.gz", f"label_{i:04d}.nii.gz"
         _save_nifti_atomic(scan, out / scan_name, VOXEL_SIZE_MM)
         _save_nifti_atomic(truth, out / label_name, VOXEL_SIZE_MM)

@@ -119,13 +119,16 @@ class Runner:
 
 
 def bench_cases(n_sim: int = 8, size: int = 64, leopard: Optional[Union[str, os.PathLike]] = None,
-                seed_base: int = BENCH_SEED_BASE):
-    """Yield ``(name, scan, truth)`` for the held-out benchmark cases (simulated from ``seed_base``)."""
-    from ctpore.data.synthetic import make_pair, scan_label
+                seed_base: int = BENCH_SEED_BASE, zoom_max: float = 1.0):
+    """Yield ``(name, scan, truth)`` for the held-out benchmark cases (simulated from ``seed_base``;
+    with ``zoom_max`` > 1, half of them with features enlarged, as :func:`~ctpore.data.synthetic.draw_zoom`)."""
+    from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
 
     for i in range(n_sim):
-        scan, truth, info = make_pair(seed_base + i, shape=(size,) * 3)
-        yield f"sim-{i:02d} ({info.get('family', '?')}, φ={float(truth.mean()):.2f})", scan, truth
+        zoom = draw_zoom(seed_base + i, zoom_max)
+        scan, truth, info = make_pair(seed_base + i, shape=(size,) * 3, zoom=zoom)
+        tag = f", ×{zoom:.1f}" if zoom != 1.0 else ""
+        yield f"sim-{i:02d} ({info.get('family', '?')}, φ={float(truth.mean()):.2f}{tag})", scan, truth
     if leopard is not None:
         from ctpore.data.io import read_label
 
@@ -155,18 +158,21 @@ def bench_quality(
     progress: ProgressFn = None,
     weights: Optional[Union[str, os.PathLike]] = None,
     seed_base: int = BENCH_SEED_BASE,
+    zoom_max: float = 1.0,
 ) -> dict:
     """Score every method on every case; return the per-case rows, the means and the real scan.
 
     ``weights`` is a folder holding ``poreformer``/``unet2d``/``unet3d.safetensors`` (default:
     the shipped ones in ``models/weights``), so candidate weights are scored before they ship.
     ``seed_base`` moves the simulated cases to another seed range (e.g. further unseen scans to
-    decide between candidates on, so that the held-out cases are never used for that).
+    decide between candidates on, so that the held-out cases are never used for that); ``zoom_max``
+    > 1 enlarges the features of half the simulated cases (coarser structures than the default
+    benchmark's, as at a finer voxel size).
     """
     if seed_base < 0:
         raise InputError(f"the seed base must be >= 0, got {seed_base}")
     runner = Runner(methods, device, None if weights is None else Path(weights))
-    cases = list(bench_cases(n_sim, size, leopard, seed_base))
+    cases = list(bench_cases(n_sim, size, leopard, seed_base, zoom_max))
     total = len(cases) * len(methods) + (len(methods) if real_scan else 0)
     done = 0
     rows = []
@@ -206,7 +212,7 @@ def bench_quality(
                 progress(done, total, f"{m} on the real scan")
         real["volume"] = vol
     return {"rows": rows, "summary": summary, "real": real, "n_sim": n_sim, "size": size, "seed_base": seed_base,
-            "leopard": str(leopard) if leopard else None, "torch": torch.__version__,
+            "zoom_max": zoom_max, "leopard": str(leopard) if leopard else None, "torch": torch.__version__,
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
 
 
@@ -249,6 +255,8 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
         f"Cases: {result['n_sim']} simulated scans of {result['size']}³ voxels "
         + ("whose seeds no training run uses" if result.get("seed_base", BENCH_SEED_BASE) == BENCH_SEED_BASE
            else f"from seed {result['seed_base']} on (not the held-out benchmark seeds)")
+        + (f", half of them with features enlarged up to {result['zoom_max']:g}× (marked ×)"
+           if result.get("zoom_max", 1.0) != 1.0 else "")
         + (", and the real Leopard sandstone pore geometry (Digital Rocks Portal 317) scanned by ctpore's CT simulator."
            if result["leopard"] else "."),
         "MSE is computed from each method's probability map (0/1 for the thresholding methods; for the learned",

@@ -49,6 +49,7 @@ class DataConfig:
     crop: tuple = (32, 48, 48)       # training crop (Z, Y, X): the voxels the loss covers
     context: int = 0                 # extra in-plane pixels read around each crop as input only
     augment: bool = True             # MONAI flips, in-plane 90° turns, intensity/gamma/noise changes
+    zoom_max: float = 1.0            # half the simulated scans have features enlarged up to this factor
 
 
 @dataclass
@@ -128,6 +129,8 @@ def data_config_hash(cfg: TrainConfig) -> str:
     data = asdict(cfg.data)
     if not data.get("context"):
         data.pop("context", None)  # context 0 is the data of configs written before it existed
+    if data.get("zoom_max", 1.0) == 1.0:
+        data.pop("zoom_max", None)  # so is zoom_max 1
     blob = json.dumps(data, sort_keys=True, default=list).encode()
     return hashlib.sha256(blob).hexdigest()
 
@@ -164,14 +167,14 @@ class Pool:
 
 
 def simulated_pool(data: DataConfig, val: bool = False, progress: ProgressFn = None) -> Pool:
-    from ctpore.data.synthetic import make_pair
+    from ctpore.data.synthetic import draw_zoom, make_pair
 
     n = data.n_val if val else data.n_train
     base = data.seed * SEED_STRIDE + (VAL_OFFSET if val else 0)
     scans, truths, names = [], [], []
     size = (data.volume_size,) * 3
     for i in range(n):
-        scan, truth, info = make_pair(base + i, shape=size)
+        scan, truth, info = make_pair(base + i, shape=size, zoom=draw_zoom(base + i, data.zoom_max))
         scans.append(normalize_volume(scan))
         truths.append(truth.astype(np.float32))
         names.append(f"sim-{base + i}-{info.get('family', '')}")

@@ -96,3 +96,18 @@ def test_bench_reports_calibration_per_method(tmp_path):
     assert res["summary"]["otsu"]["calibration_ece"] == pytest.approx(np.mean(pores != truth))
     write_report(res, tmp_path, command="test")
     assert "calibration error" in (tmp_path / "benchmark.md").read_text()
+
+
+def test_zoom_max_enlarges_half_the_simulated_cases():
+    from ctpore.data.synthetic import draw_zoom, make_pair
+    from ctpore.pipelines.bench import bench_cases
+
+    cases = list(bench_cases(n_sim=6, size=16, seed_base=2_300_100, zoom_max=3.0))
+    zooms = [draw_zoom(2_300_100 + i, 3.0) for i in range(6)]
+    assert any(z > 1.0 for z in zooms) and any(z == 1.0 for z in zooms)
+    for i, ((name, scan, truth), z) in enumerate(zip(cases, zooms)):
+        ref_scan, ref_truth, _ = make_pair(2_300_100 + i, shape=(16,) * 3, zoom=z)
+        assert (scan == ref_scan).all() and (truth == ref_truth).all()
+        assert ("×" in name) == (z > 1.0)
+    plain = list(bench_cases(n_sim=2, size=16, seed_base=2_300_100))
+    assert all((a[1] == make_pair(2_300_100 + i, shape=(16,) * 3)[0]).all() for i, a in enumerate(plain))

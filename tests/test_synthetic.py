@@ -314,3 +314,70 @@ def test_write_pairs(tmp_path):
         assert e["family"] == info["family"] and e["params"] == info["params"]
     again = S.write_pairs(tmp_path / "again", 1, shape=(12, 16, 20), seed=7)
     assert again[0]["seed"] == manifest[0]["seed"]
+
+
+def _mean_chord(truth: np.ndarray, value: int) -> float:
+    """Mean length of the runs of ``value`` along X (voxels)."""
+    b = (truth == value).astype(np.int8)
+    starts = (np.diff(np.pad(b, ((0, 0), (0, 0), (1, 0))), axis=2) == 1).sum()
+    return float(b.sum()) / max(int(starts), 1)
+
+
+def test_zoom_fine_enlarges_a_ball_by_the_factor():
+    # a ball of radius 6 on a 24^3 grid, zoomed 2.5x: volume scales by 2.5^3 (to the voxelisation's error)
+    g = np.indices((24, 24, 24)) - 11.5
+    ball = (g**2).sum(0) <= 36.0
+    big = S._zoom_fine(ball, (60, 60, 60), 2.5)
+    assert big.shape == (60, 60, 60)
+    assert big.sum() / ball.sum() == pytest.approx(2.5**3, rel=0.06)
+    c = np.argwhere(big).mean(0)
+    assert np.allclose(c, (11.5 + 0.5) * 2.5 - 0.5, atol=0.3)  # voxel-area aligned: the centre moves with the grid
+
+
+def test_zoom_enlarges_features_keeps_porosity_and_leaves_zoom_1_unchanged():
+    for seed in range(3):
+        a, b = S.make_pair(seed, (24, 24, 24)), S.make_pair(seed, (24, 24, 24), zoom=1.0)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    ratios = {0: [], 1: []}
+    for seed in range(6):
+        fam = S.FAMILIES[seed % 4]
+        _, t1, i1 = S.make_pair(seed, (48, 48, 48), family=fam, porosity=0.3)
+        s3, t3, i3 = S.make_pair(seed, (48, 48, 48), family=fam, porosity=0.3, zoom=3.0)
+        assert i3["zoom"] == 3.0 and i1["zoom"] == 1.0 and s3.shape == t3.shape == (48, 48, 48)
+        assert abs(t3.mean() - 0.3) < 0.06  # the enlarged structure keeps the porosity asked
+        for v in (0, 1):
+            ratios[v].append(_mean_chord(t3, v) / _mean_chord(t1, v))
+    # pores and solid are both about 3x as many voxels across (less: chords are cut at the box)
+    for v in (0, 1):
+        assert 1.8 < float(np.exp(np.mean(np.log(ratios[v])))) < 3.6
+    a, b = S.make_pair(5, (24, 24, 24), zoom=2.0), S.make_pair(5, (24, 24, 24), zoom=2.0)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    for bad in (0.5, float("nan"), float("inf")):
+        with pytest.raises(InputError, match="zoom"):
+            S.make_pair(1, (16, 16, 16), zoom=bad)
+
+
+def test_draw_zoom_half_native_half_log_uniform():
+    assert all(S.draw_zoom(s, 1.0) == 1.0 for s in range(50))
+    z = np.array([S.draw_zoom(s, 3.0) for s in range(2000)])
+    assert np.array_equal(z, [S.draw_zoom(s, 3.0) for s in range(2000)])
+    native = z == 1.0
+    assert 0.45 < native.mean() < 0.55
+    logs = np.log(z[~native]) / np.log(3.0)  # uniform on [0, 1]
+    assert logs.min() >= 0 and logs.max() <= 1
+    assert np.histogram(logs, bins=4, range=(0, 1))[0].min() > 0.2 * (~native).sum()
+    for bad in (0.9, float("nan")):
+        with pytest.raises(InputError, match="zoom_max"):
+            S.draw_zoom(1, bad)
+
+
+def test_write_pairs_with_zoom_is_rebuilt_from_its_manifest(tmp_path):
+    entries = S.write_pairs(tmp_path, 4, shape=(16, 16, 16), seed=3, zoom_max=2.5)
+    assert any(e["zoom"] > 1.0 for e in entries)
+    for e in entries:
+        assert e["zoom"] == S.draw_zoom(e["seed"], 2.5)
+        label = np.asarray(nib.load(str(tmp_path / e["label"])).dataobj).T
+        assert np.array_equal(label, S.make_pair(e["seed"], (16, 16, 16), zoom=e["zoom"])[1])
+    with pytest.raises(InputError, match="zoom_max"):
+        S.write_pairs(tmp_path / "bad", 1, shape=(16, 16, 16), zoom_max=0.5)
+    assert not (tmp_path / "bad").exists()

@@ -170,3 +170,23 @@ def test_shipped_weights_were_trained_by_the_config_in_configs(name, config):
     cal = calibration_from_metadata(meta)
     assert cal is not None and sum(cal["n"]) >= 48 * cfg.data.volume_size**3
     assert all(b >= a for a, b in zip(cal["y"], cal["y"][1:]))
+
+
+def test_simulated_pool_enlarges_half_the_scans_when_zoom_max_is_set():
+    from ctpore.data.synthetic import draw_zoom, make_pair
+    from ctpore.data.normalize import normalize_volume
+    from ctpore.pipelines.train import SEED_STRIDE, data_config_hash, simulated_pool
+
+    cfg = config_from_dict({**TINY, "data": {**TINY["data"], "n_train": 6, "zoom_max": 2.5}})
+    pool = simulated_pool(cfg.data)
+    seeds = [cfg.data.seed * SEED_STRIDE + i for i in range(6)]
+    zooms = [draw_zoom(s, 2.5) for s in seeds]
+    assert any(z > 1.0 for z in zooms)  # this draw has both kinds
+    for s, z, scan, truth in zip(seeds, zooms, pool.scans, pool.truths):
+        ref_scan, ref_truth, _ = make_pair(s, shape=(16, 16, 16), zoom=z)
+        assert (truth == ref_truth).all() and (scan == normalize_volume(ref_scan)).all()
+    # zoom_max 1 is the data of configs written before it existed: same scans, same hash
+    plain = config_from_dict(TINY)
+    assert data_config_hash(plain) == data_config_hash(config_from_dict(
+        {**TINY, "data": {**TINY["data"], "zoom_max": 1.0}}))
+    assert data_config_hash(plain) != data_config_hash(cfg.__class__(**{**vars(plain), "data": cfg.data}))
