@@ -161,6 +161,7 @@ def test_shipped_weights_were_trained_by_the_config_in_configs(name, config):
     cfg = load_train_config(root / "configs" / f"{config}.yaml")
     stored = json.loads(meta["train_config"])
     stored["data"].setdefault("context", 0)  # written before the key existed (0 = same data)
+    stored["data"].setdefault("zoom_max", 1.0)  # likewise (1 = no zoom, the same data)
     assert stored == config_to_dict(cfg)
     assert meta["data_config_sha256"] == data_config_hash(cfg)
     assert int(meta["steps"]) == cfg.steps
