@@ -171,6 +171,9 @@ def bench_quality(
     """
     if seed_base < 0:
         raise InputError(f"the seed base must be >= 0, got {seed_base}")
+    from ctpore.data.synthetic import draw_zoom
+
+    draw_zoom(0, zoom_max)  # a bad zoom_max is an InputError before any weights load
     runner = Runner(methods, device, None if weights is None else Path(weights))
     cases = list(bench_cases(n_sim, size, leopard, seed_base, zoom_max))
     total = len(cases) * len(methods) + (len(methods) if real_scan else 0)

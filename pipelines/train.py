@@ -113,6 +113,13 @@ def config_from_dict(raw: dict, path=None) -> TrainConfig:
     except TypeError as exc:
         raise InputError(f"bad config ({exc})", path=path) from None
     cfg.data, cfg.loss = data, loss
+    try:
+        zoom_max = float(data.zoom_max)
+    except (TypeError, ValueError):
+        zoom_max = float("nan")
+    if not (math.isfinite(zoom_max) and zoom_max >= 1.0):
+        raise InputError(f"data.zoom_max must be a number >= 1 (1 = no zoom), got {data.zoom_max!r}", path=path)
+    data.zoom_max = zoom_max
     if cfg.model not in ("poreformer", "unet2d", "unet3d"):
         raise InputError(f"model must be poreformer, unet2d or unet3d, got {cfg.model!r}", path=path)
     return cfg
@@ -499,6 +506,8 @@ def train(
     start = 0
     if resume and ckpt.exists():
         start, history, saved_cfg = load_checkpoint(ckpt, model, opt)
+        # keys added since the checkpoint was written, at the value that means "as before"
+        saved_cfg = {**saved_cfg, "data": {"context": 0, "zoom_max": 1.0, **saved_cfg.get("data", {})}}
         # ``threads`` is how the run is executed, not what it computes: it may change on resume.
         if {**saved_cfg, "threads": 0} != {**config_to_dict(cfg), "threads": 0}:
             raise InputError("this run folder holds a checkpoint of a different config; use another "

@@ -111,3 +111,16 @@ def test_zoom_max_enlarges_half_the_simulated_cases():
         assert ("×" in name) == (z > 1.0)
     plain = list(bench_cases(n_sim=2, size=16, seed_base=2_300_100))
     assert all((a[1] == make_pair(2_300_100 + i, shape=(16,) * 3)[0]).all() for i, a in enumerate(plain))
+
+
+def test_bad_zoom_max_is_one_line_and_exit_code_2(tmp_path, capsys):
+    from ctpore.app.cli import main
+
+    for bad in ("nan", "0.5"):
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "quality", "--n-sim", "1", "--size", "16", "--simulated-only", "--zoom-max", bad,
+                  "-o", str(tmp_path / "out")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "zoom" in err.lower() and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

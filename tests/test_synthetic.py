@@ -317,14 +317,23 @@ def test_write_pairs(tmp_path):
 
 
 def test_zoom_fine_enlarges_a_ball_by_the_factor():
-    # a ball of radius 6 on a 24^3 grid, zoomed 2.5x: volume scales by 2.5^3 (to the voxelisation's error)
-    g = np.indices((24, 24, 24)) - 11.5
-    ball = (g**2).sum(0) <= 36.0
-    big = S._zoom_fine(ball, (60, 60, 60), 2.5)
-    assert big.shape == (60, 60, 60)
+    # a ball of radius 5 off the centre of a 24^3 grid, zoomed 2.5x into a smaller box than 60^3:
+    # its volume scales by 2.5^3 and its centre c (voxel-area aligned) goes to (c + 0.5) * 2.5 - 0.5
+    g = np.indices((24, 24, 24)).astype(float)
+    c0 = np.array([7.0, 9.0, 6.0])
+    ball = ((g - c0[:, None, None, None]) ** 2).sum(0) <= 25.0
+    big = S._zoom_fine(ball, (40, 44, 36), 2.5)
+    assert big.shape == (40, 44, 36)
     assert big.sum() / ball.sum() == pytest.approx(2.5**3, rel=0.06)
-    c = np.argwhere(big).mean(0)
-    assert np.allclose(c, (11.5 + 0.5) * 2.5 - 0.5, atol=0.3)  # voxel-area aligned: the centre moves with the grid
+    assert np.allclose(np.argwhere(big).mean(0), (c0 + 0.5) * 2.5 - 0.5, atol=0.25)
+
+
+def test_zoom_with_a_shape_it_does_not_divide():
+    for seed, shape, zoom in ((0, (10, 20, 30), 2.7), (1, (16, 16, 16), 3.0), (2, (33, 17, 21), 1.3)):
+        scan, truth, info = S.make_pair(seed, shape, porosity=0.25, zoom=zoom)
+        assert scan.shape == truth.shape == shape and info["zoom"] == zoom
+        assert abs(truth.mean() - 0.25) < 0.08  # the corner of the enlarged structure, not the whole
+        assert info["porosity_truth"] == pytest.approx(truth.mean())
 
 
 def test_zoom_enlarges_features_keeps_porosity_and_leaves_zoom_1_unchanged():
@@ -345,7 +354,7 @@ def test_zoom_enlarges_features_keeps_porosity_and_leaves_zoom_1_unchanged():
         assert 1.8 < float(np.exp(np.mean(np.log(ratios[v])))) < 3.6
     a, b = S.make_pair(5, (24, 24, 24), zoom=2.0), S.make_pair(5, (24, 24, 24), zoom=2.0)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-    for bad in (0.5, float("nan"), float("inf")):
+    for bad in (0.5, float("nan"), float("inf"), None, "big"):
         with pytest.raises(InputError, match="zoom"):
             S.make_pair(1, (16, 16, 16), zoom=bad)
 
@@ -359,7 +368,7 @@ def test_draw_zoom_half_native_half_log_uniform():
     logs = np.log(z[~native]) / np.log(3.0)  # uniform on [0, 1]
     assert logs.min() >= 0 and logs.max() <= 1
     assert np.histogram(logs, bins=4, range=(0, 1))[0].min() > 0.2 * (~native).sum()
-    for bad in (0.9, float("nan")):
+    for bad in (0.9, float("nan"), None):
         with pytest.raises(InputError, match="zoom_max"):
             S.draw_zoom(1, bad)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 
 import pytest
 import torch
@@ -190,4 +192,31 @@ def test_simulated_pool_enlarges_half_the_scans_when_zoom_max_is_set():
     plain = config_from_dict(TINY)
     assert data_config_hash(plain) == data_config_hash(config_from_dict(
         {**TINY, "data": {**TINY["data"], "zoom_max": 1.0}}))
-    assert data_config_hash(plain) != data_config_hash(cfg.__class__(**{**vars(plain), "data": cfg.data}))
+    zoomed = copy.copy(plain)
+    zoomed.data = dataclasses.replace(plain.data, zoom_max=2.5)
+    assert data_config_hash(plain) != data_config_hash(zoomed)
+    assert data_config_hash(config_from_dict({**TINY, "data": {**TINY["data"], "zoom_max": 2}})) == \
+        data_config_hash(config_from_dict({**TINY, "data": {**TINY["data"], "zoom_max": 2.0}}))
+    for bad in (0.5, None, "x", float("nan")):
+        with pytest.raises(InputError, match="zoom_max"):
+            config_from_dict({**TINY, "data": {**TINY["data"], "zoom_max": bad}})
+
+
+def test_a_checkpoint_written_before_zoom_max_existed_still_resumes(tmp_path):
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cfg = config_from_dict(TINY)
+    full = train(cfg, tmp_path / "full")
+    train(cfg, tmp_path / "old", stop_after=2)
+    ckpt = tmp_path / "old" / "checkpoint.safetensors"
+    with safe_open(str(ckpt), framework="pt") as fh:  # rewrite it as an older version did
+        meta, tensors = fh.metadata(), {k: fh.get_tensor(k) for k in fh.keys()}
+    old = json.loads(meta["train_config"])
+    del old["data"]["zoom_max"], old["data"]["context"]
+    save_file(tensors, str(ckpt), metadata={**meta, "train_config": json.dumps(old)})
+    resumed = train(cfg, tmp_path / "old")
+    for k, v in _weights(full.model).items():
+        assert torch.equal(v, _weights(resumed.model)[k]), k
