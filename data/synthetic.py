@@ -936,12 +936,15 @@ def scan_label(
 # ----------------------------------------------------------------------------------------------
 
 
-def _as_float(v: Any) -> float:
-    """``float(v)``, or NaN when ``v`` is not a number (the caller's range check then names it)."""
+def check_zoom(value: Any, name: str = "zoom") -> float:
+    """``value`` as a float feature zoom (finite, >= 1; 1 = native scale), else an InputError naming ``name``."""
     try:
-        return float(v)
+        zoom = float(value)
     except (TypeError, ValueError):
-        return float("nan")
+        zoom = float("nan")
+    if not (math.isfinite(zoom) and zoom >= 1.0):
+        raise InputError(f"{name} must be a number >= 1 (1 = native feature scale), got {value!r}")
+    return zoom
 
 
 def _zoom_fine(fine_small: np.ndarray, out_shape: tuple[int, int, int], zoom: float) -> np.ndarray:
@@ -967,9 +970,7 @@ def draw_zoom(seed: int, zoom_max: float) -> float:
     Drawn from its own stream (``seed``, 1), so a set without zoom (``zoom_max`` 1) has exactly the
     scans :func:`make_pair` gives for those seeds.
     """
-    zoom_max = _as_float(zoom_max)
-    if not (math.isfinite(zoom_max) and zoom_max >= 1.0):
-        raise InputError(f"zoom_max must be a number >= 1, got {zoom_max!r}")
+    zoom_max = check_zoom(zoom_max, "zoom_max")
     if zoom_max == 1.0:
         return 1.0
     rng = np.random.default_rng([int(seed), 1])
@@ -1017,9 +1018,7 @@ def make_pair(
         on), ``seed``, ``shape``, ``oversample``, ``zoom``.
     """
     shape = _check_shape(shape)
-    zoom = _as_float(zoom)
-    if not (math.isfinite(zoom) and zoom >= 1.0):
-        raise InputError(f"zoom must be a number >= 1 (1 = native feature scale), got {zoom!r}")
+    zoom = check_zoom(zoom)
     rng = np.random.default_rng(seed)
     drawn_family = FAMILIES[int(rng.integers(len(FAMILIES)))]  # always drawn: same stream either way
     drawn_porosity = float(rng.uniform(0.05, 0.45))

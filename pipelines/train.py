@@ -113,13 +113,12 @@ def config_from_dict(raw: dict, path=None) -> TrainConfig:
     except TypeError as exc:
         raise InputError(f"bad config ({exc})", path=path) from None
     cfg.data, cfg.loss = data, loss
+    from ctpore.data.synthetic import check_zoom
+
     try:
-        zoom_max = float(data.zoom_max)
-    except (TypeError, ValueError):
-        zoom_max = float("nan")
-    if not (math.isfinite(zoom_max) and zoom_max >= 1.0):
-        raise InputError(f"data.zoom_max must be a number >= 1 (1 = no zoom), got {data.zoom_max!r}", path=path)
-    data.zoom_max = zoom_max
+        data.zoom_max = check_zoom(data.zoom_max, "data.zoom_max")
+    except InputError as exc:
+        raise InputError(exc.message, path=path) from None
     if cfg.model not in ("poreformer", "unet2d", "unet3d"):
         raise InputError(f"model must be poreformer, unet2d or unet3d, got {cfg.model!r}", path=path)
     return cfg
