@@ -54,6 +54,7 @@ __all__ = [
     "scan_label",
     "make_pair",
     "draw_zoom",
+    "check_zoom",
     "write_pairs",
     "VOXEL_SIZE_MM",
 ]
