@@ -52,6 +52,11 @@ class DataConfig:
     zoom_max: float = 1.0            # half the simulated scans have features enlarged up to this factor
 
 
+#: DataConfig keys added after weights and checkpoints were first written, at the value that means
+#: "the same data as before": a stored config without them has these, and the data hash omits them.
+DATA_KEYS_ADDED = {"context": 0, "zoom_max": 1.0}
+
+
 @dataclass
 class LossConfig:
     bce: float = 1.0                 # weight of binary cross-entropy
@@ -133,10 +138,9 @@ def config_to_dict(cfg: TrainConfig) -> dict:
 def data_config_hash(cfg: TrainConfig) -> str:
     """sha256 of the canonical JSON of the data section: which scans the weights were trained on."""
     data = asdict(cfg.data)
-    if not data.get("context"):
-        data.pop("context", None)  # context 0 is the data of configs written before it existed
-    if data.get("zoom_max", 1.0) == 1.0:
-        data.pop("zoom_max", None)  # so is zoom_max 1
+    for key, before in DATA_KEYS_ADDED.items():
+        if data.get(key, before) == before:
+            data.pop(key, None)  # the data of configs written before the key existed: the same hash
     blob = json.dumps(data, sort_keys=True, default=list).encode()
     return hashlib.sha256(blob).hexdigest()
 
@@ -505,8 +509,7 @@ def train(
     start = 0
     if resume and ckpt.exists():
         start, history, saved_cfg = load_checkpoint(ckpt, model, opt)
-        # keys added since the checkpoint was written, at the value that means "as before"
-        saved_cfg = {**saved_cfg, "data": {"context": 0, "zoom_max": 1.0, **saved_cfg.get("data", {})}}
+        saved_cfg = {**saved_cfg, "data": {**DATA_KEYS_ADDED, **saved_cfg.get("data", {})}}
         # ``threads`` is how the run is executed, not what it computes: it may change on resume.
         if {**saved_cfg, "threads": 0} != {**config_to_dict(cfg), "threads": 0}:
             raise InputError("this run folder holds a checkpoint of a different config; use another "
