@@ -1,7 +1,7 @@
 """The ``ctpore`` command. Thin: parse, call a pipeline, print.
 
-Exit codes (DESIGN.md): 0 done; 2 bad input or usage (one line on stderr naming the file and what
-is wrong); 1 internal error; ``batch``: 3 when some scans failed and the rest were done.
+Exit codes: 0 done; 2 bad input or usage (one line on stderr naming the file and what is wrong);
+1 internal error.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import click
 
 from ctpore import __version__
-from ctpore.data.errors import InputError
+from ctpore.errors import InputError
 
-EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
 
 
 class _Progress:
@@ -215,10 +215,11 @@ def bench() -> None:
 @click.option("--size", default=128, show_default=True, type=click.IntRange(8))
 @click.option("--backend", "backends", multiple=True, default=("math", "sdpa"), show_default=True)
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1))
-@click.option("--window", default=None, type=click.IntRange(1))
+@click.option("--window", default=None, type=click.IntRange(1),
+              help="Override the model's look-back window (default: its own).")
 def bench_speed(size, backends, repeats, window):
-    """Voxels per second of PoreFormer (random weights) per attention backend on a SIZE^3 volume."""
-    from ctpore.pipelines.speed import bench_speed as run
+    """Voxels per second of the shipped PoreFormer per attention backend on a SIZE^3 volume."""
+    from ctpore.pipelines.bench.speed import bench_speed as run
 
     with _Progress("speed") as bar:
         res = run(size=size, backends=tuple(backends), repeats=repeats, window=window, progress=bar)
@@ -255,7 +256,7 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, 
         real_scan = shared / "quantimpy_rock" / "gray.nii.gz"
     if simulated_only:
         leopard = real_scan = None
-    from ctpore.pipelines.train import BENCH_SEED_BASE
+    from ctpore.data.splits import BENCH_SEED_BASE
 
     with _Progress("bench") as bar:
         res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar,

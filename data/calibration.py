@@ -30,12 +30,11 @@ True
 
 from __future__ import annotations
 
-import json
 from typing import Iterable, Optional
 
 import numpy as np
 
-__all__ = ["N_BINS", "fit_calibration", "apply_calibration", "calibration_from_metadata", "isotonic",
+__all__ = ["N_BINS", "fit_calibration", "apply_calibration", "isotonic",
            "ReliabilityCounter"]
 
 #: Equal-width bins of the raw probability in which the pore frequency is measured.
@@ -120,18 +119,6 @@ def apply_calibration(prob: np.ndarray, cal: Optional[dict], out: Optional[np.nd
     for i in range(0, src.size, _CHUNK):
         dst[i:i + _CHUNK] = np.interp(src[i:i + _CHUNK], x, y)
     return out
-
-
-def calibration_from_metadata(meta: dict) -> Optional[dict]:
-    """The calibration stored in a weights file's metadata (key ``"calibration"``), or None."""
-    raw = meta.get("calibration")
-    if raw in (None, "", "null"):
-        return None
-    cal = json.loads(raw) if isinstance(raw, str) else raw
-    x, y = cal.get("x"), cal.get("y")
-    if not x or not y or len(x) != len(y):
-        raise ValueError("the stored calibration needs x and y of equal, non-zero length")
-    return cal
 
 
 class ReliabilityCounter:

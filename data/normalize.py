@@ -9,11 +9,9 @@ was trained on.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
-
 import numpy as np
 
-ProgressFn = Optional[Callable[[int, int, str], None]]
+from ctpore.progress import ProgressFn
 
 #: Percentiles that define the robust intensity range.
 LOW_PERCENTILE = 0.5

@@ -40,13 +40,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctpore.data.errors import InputError, NonFiniteError
+from ctpore.errors import InputError, NonFiniteError
+from ctpore.models.kv_cache import KVCache
 
 __all__ = [
     "BACKENDS",
-    "KVCache",
     "MultiHeadAttention",
     "attention_entropy",
+    "attention_problems",
     "causal_mask",
     "check_finite",
     "flash_available",
@@ -139,6 +140,41 @@ def resolve_backend(name: str, head_dim: int | None = None) -> str:
                 f"got {head_dim}; use 'sdpa'"
             )
     return name
+
+
+def attention_problems(
+    d_model: int,
+    n_heads: int,
+    n_kv_heads: int | None,
+    causal: bool,
+    window: int | None,
+    dropout: float,
+) -> list[str]:
+    """What is wrong with these attention settings: one message per problem, empty when none.
+
+    The one set of checks behind :class:`MultiHeadAttention` and
+    :class:`~ctpore.models.poreformer_config.PoreFormerConfig`.
+
+    Examples
+    --------
+    >>> attention_problems(64, 4, None, True, 24, 0.0)
+    []
+    >>> attention_problems(30, 4, None, False, 8, 0.0)
+    ['d_model must be divisible by n_heads, got 30 and 4', 'a look-back window needs causal attention (causal: true)']
+    """
+    bad = []
+    if n_heads < 1 or d_model % n_heads != 0:
+        bad.append(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
+    if n_kv_heads is not None and (n_kv_heads < 1 or n_heads % n_kv_heads != 0):
+        bad.append(f"n_kv_heads must divide n_heads ({n_heads}), got {n_kv_heads}")
+    if window is not None:
+        if isinstance(window, bool) or int(window) != window or window < 1:
+            bad.append(f"window must be an integer >= 1 or None (null in YAML), got {window!r}")
+        elif not causal:
+            bad.append("a look-back window needs causal attention (causal: true)")
+    if not 0.0 <= dropout < 1.0:
+        bad.append(f"dropout must be >= 0 and < 1, got {dropout}")
+    return bad
 
 
 def causal_mask(
@@ -237,106 +273,6 @@ def _tokenwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> t
     return fn(x)
 
 
-class KVCache:
-    """Keys and values of earlier slices for one attention layer, for streaming.
-
-    With a window ``W`` it keeps the last ``W - 1`` positions (a slice never needs more). With
-    ``window=None`` it keeps every position, in a buffer that grows by doubling (or is sized
-    once from ``capacity``), so appending a chunk costs only that chunk's copy; memory then
-    grows with the number of slices seen.
-
-    Parameters
-    ----------
-    window : int or None
-        The layer's look-back window.
-    capacity : int, optional
-        Expected total number of positions: a full cache (``window=None``) allocates it once.
-        Ignored with a window.
-
-    Attributes
-    ----------
-    next_z : int or None
-        Absolute slice index the next query chunk must start at (None before the first chunk).
-    """
-
-    def __init__(self, window: int | None, capacity: int | None = None):
-        self.window = window
-        self.capacity = capacity
-        self._k: torch.Tensor | None = None  # window: (B, Zc, Hkv, D); None: (B, cap, Hkv, D)
-        self._v: torch.Tensor | None = None
-        self._len = 0
-        self.next_z: int | None = None
-
-    def __len__(self) -> int:
-        return self._len
-
-    @property
-    def k(self) -> torch.Tensor | None:
-        """Cached keys ``(B, Zc, Hkv, D)`` (None before the first chunk)."""
-        return self._view(self._k)
-
-    @property
-    def v(self) -> torch.Tensor | None:
-        """Cached values ``(B, Zc, Hkv, D)`` (None before the first chunk)."""
-        return self._view(self._v)
-
-    def _view(self, buf: torch.Tensor | None) -> torch.Tensor | None:
-        if buf is None:
-            return None
-        return buf if self.window is not None else buf[:, : self._len]
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this chunk's keys/values; return all keys/values the chunk's queries need.
-
-        Parameters
-        ----------
-        k, v : torch.Tensor
-            ``(B, Zq, Hkv, D)`` of the new positions.
-
-        Returns
-        -------
-        tuple of torch.Tensor
-            ``(B, Zc + Zq, Hkv, D)`` each: cached positions followed by the new ones.
-        """
-        if self._k is not None and self._k.shape[0] != k.shape[0]:
-            raise ValueError(
-                f"KV cache holds {self._k.shape[0]} sequences, got {k.shape[0]}: one cache per tile"
-            )
-        if self.window is None:
-            return self._append(k, v)
-        if self._k is None:
-            k_all, v_all = k, v
-        else:
-            k_all = torch.cat([self._k, k], dim=1)  # (B, Zc+Zq, Hkv, D)
-            v_all = torch.cat([self._v, v], dim=1)
-        zk = k_all.shape[1]
-        keep = min(zk, self.window - 1)
-        # Copy, so the cache does not pin the larger (Zc + Zq) buffer.
-        self._k = k_all[:, zk - keep :].clone()
-        self._v = v_all[:, zk - keep :].clone()
-        self._len = keep
-        return k_all, v_all
-
-    def _append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Full cache: write into a (B, cap, Hkv, D) buffer, grown by doubling."""
-        b, zq, h, d = k.shape
-        need = self._len + zq
-        cap = 0 if self._k is None else self._k.shape[1]
-        if need > cap:
-            new_cap = max(need, 2 * cap, self.capacity or 0)
-            bufs = []
-            for old in (self._k, self._v):
-                buf = k.new_empty((b, new_cap, h, d))
-                if old is not None and self._len:
-                    buf[:, : self._len].copy_(old[:, : self._len])
-                bufs.append(buf)
-            self._k, self._v = bufs
-        self._k[:, self._len : need].copy_(k)
-        self._v[:, self._len : need].copy_(v)
-        self._len = need
-        return self._k[:, :need], self._v[:, :need]
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head (grouped-query) self-attention over ``(B, Z, C)`` with a fixed backend.
 
@@ -382,17 +318,10 @@ class MultiHeadAttention(nn.Module):
         name: str = "attn",
     ):
         super().__init__()
+        problems = attention_problems(d_model, n_heads, n_kv_heads, causal, window, dropout)
+        if problems:
+            raise InputError("; ".join(problems))
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if n_heads < 1 or d_model % n_heads != 0:
-            raise InputError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
-        if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
-            raise InputError(f"n_kv_heads must divide n_heads ({n_heads}), got {n_kv_heads}")
-        if window is not None and (int(window) != window or window < 1):
-            raise InputError(f"window must be an integer >= 1 or None, got {window!r}")
-        if window is not None and not causal:
-            raise InputError("a look-back window needs causal attention (causal=True)")
-        if not 0.0 <= dropout < 1.0:
-            raise InputError(f"dropout must be >= 0 and < 1, got {dropout}")
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads

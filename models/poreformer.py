@@ -1,7 +1,7 @@
 """PoreFormer: per-slice 2D encoder, causal attention across slices, a pore logit per voxel.
 
-The model (``seeds/000``, section 6, and DESIGN.md) treats each pixel column ``(y, x)`` of a CT
-stack as a sequence over the slices ``z``::
+The model treats each pixel column ``(y, x)`` of a CT stack as a sequence of tokens over the
+slices ``z`` (one token of ``d_model`` = 64 features per voxel)::
 
     x (B, Z, Y, X)
       -> encoder: 2D convs on each slice alone           (B*Z, C, Y, X)   in-plane context only
@@ -31,188 +31,16 @@ Streaming passes the chunk offset ``z0`` so a chunk sees the same encoding as th
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctpore.data.errors import InputError
-from ctpore.models.attention import KVCache, MultiHeadAttention, check_finite, resolve_backend
+from ctpore.errors import InputError
+from ctpore.models.attention import MultiHeadAttention, check_finite, resolve_backend
+from ctpore.models.kv_cache import KVCache
+from ctpore.models.poreformer_config import PoreFormerConfig
 
 __all__ = ["PoreFormer", "PoreFormerConfig", "z_features"]
-
-
-@dataclass
-class PoreFormerConfig:
-    """PoreFormer's hyper-parameters; saved with the weights, mirrored in configs/model.yaml."""
-
-    d_model: int = 64  # token width per voxel (seed section 6: 64; small per-pixel features)
-    n_heads: int = 4  # query heads; head size d_model / n_heads = 16
-    n_kv_heads: int | None = None  # key/value heads for GQA (1 = MQA); None = n_heads
-    n_layers: int = 2  # inter-slice attention blocks
-    window: int | None = None  # look-back W: slice z attends to z-W+1..z; None = all earlier
-    causal: bool = True  # a slice sees only itself and earlier slices (needed for streaming)
-    attention_backend: str = "auto"  # "auto" | "flash" | "sdpa" | "math"; math is the reference
-    dropout: float = 0.0  # on attention weights and residual branches, only while training
-    encoder_channels: tuple[int, ...] = (16, 32)  # one k x k conv + GELU per entry, per slice
-    encoder_kernel: int = 3  # odd kernel size of the encoder convs
-    context_scale: int = 0  # in-plane context branch: average-pool factor (>= 2); 0 = off
-    context_channels: tuple[int, ...] = (16, 32, 32)  # one 3x3 conv + GELU per entry, pooled
-    context_dilations: tuple[int, ...] = (1, 2, 4)  # dilation of each context conv (pooled px)
-    mlp_ratio: float = 1.0  # MLP hidden width = round(d_model * mlp_ratio)
-    mlp_dwconv: bool = True  # in-plane depthwise conv inside each MLP (widens the halo)
-    dwconv_kernel: int = 3  # odd kernel size of that depthwise conv
-    pos_in_v: bool = True  # add the z-position encoding into V (False: no z encoding at all)
-    pos_features: int = 16  # number of sinusoidal features of z (even: sin and cos pairs)
-    pos_max_period: float = 10000.0  # longest sinusoid period, in slices
-    check_finite: bool | None = None  # NaN/Inf guard per layer: None = on in training only
-
-    def __post_init__(self) -> None:
-        self.encoder_channels = tuple(int(c) for c in self.encoder_channels)
-        self.context_channels = tuple(int(c) for c in self.context_channels)
-        self.context_dilations = tuple(int(d) for d in self.context_dilations)
-        bad = []
-
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                bad.append(msg)
-
-        need(self.d_model >= 1, f"d_model must be >= 1, got {self.d_model}")
-        need(
-            self.n_heads >= 1 and self.d_model % self.n_heads == 0,
-            f"d_model must be divisible by n_heads, got {self.d_model} and {self.n_heads}",
-        )
-        if self.n_kv_heads is not None:
-            need(
-                self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0,
-                f"n_kv_heads must divide n_heads ({self.n_heads}), got {self.n_kv_heads}",
-            )
-        need(self.n_layers >= 0, f"n_layers must be >= 0, got {self.n_layers}")
-        if self.window is not None:
-            need(
-                int(self.window) == self.window and self.window >= 1,
-                f"window must be an integer >= 1 or null, got {self.window!r}",
-            )
-            need(self.causal, "a window needs causal attention (causal: true)")
-        need(0.0 <= self.dropout < 1.0, f"dropout must be >= 0 and < 1, got {self.dropout}")
-        need(all(c >= 1 for c in self.encoder_channels),
-             f"encoder_channels must be >= 1, got {list(self.encoder_channels)}")
-        need(self.encoder_kernel >= 1 and self.encoder_kernel % 2 == 1,
-             f"encoder_kernel must be odd, got {self.encoder_kernel}")
-        need(self.dwconv_kernel >= 1 and self.dwconv_kernel % 2 == 1,
-             f"dwconv_kernel must be odd, got {self.dwconv_kernel}")
-        need(self.context_scale == 0 or self.context_scale >= 2,
-             f"context_scale must be 0 (off) or an integer >= 2, got {self.context_scale}")
-        if self.context_scale:
-            need(len(self.context_channels) >= 1 and all(c >= 1 for c in self.context_channels),
-                 f"context_channels must be >= 1, got {list(self.context_channels)}")
-            need(len(self.context_dilations) == len(self.context_channels)
-                 and all(d >= 1 for d in self.context_dilations),
-                 "context_dilations needs one dilation >= 1 per context channel entry, got "
-                 f"{list(self.context_dilations)}")
-        need(self.mlp_ratio > 0, f"mlp_ratio must be > 0, got {self.mlp_ratio}")
-        need(self.pos_features >= 2 and self.pos_features % 2 == 0,
-             f"pos_features must be even and >= 2, got {self.pos_features}")
-        need(self.pos_max_period > 1, f"pos_max_period must be > 1, got {self.pos_max_period}")
-        if bad:
-            raise InputError("bad PoreFormer config: " + "; ".join(bad))
-
-    @property
-    def encoder_reach(self) -> int:
-        """In-plane radius, in pixels, of the full-resolution encoder convs."""
-        return len(self.encoder_channels) * (self.encoder_kernel // 2)
-
-    @property
-    def context_reach(self) -> int:
-        """In-plane radius, in pixels, of the pooled context branch (0 when it is off).
-
-        A pixel's bilinear upsampling reads the pooled cells within one cell of its own; each
-        pooled cell sees ``R = sum(dilations)`` cells around it (3x3 convs), and a cell spans
-        ``context_scale`` pixels, so the reach is ``(R + 2) * scale - 1``.
-        """
-        if not self.context_scale:
-            return 0
-        return (sum(self.context_dilations) + 2) * self.context_scale - 1
-
-    @property
-    def block_reach(self) -> int:
-        """In-plane radius, in pixels, of the blocks' depthwise convs (the token halo)."""
-        return self.n_layers * (self.dwconv_kernel // 2) if self.mlp_dwconv else 0
-
-    @property
-    def align(self) -> int:
-        """Tiles must start on multiples of this (the pooling grid); 1 without context."""
-        return self.context_scale or 1
-
-    @property
-    def halo(self) -> int:
-        """In-plane receptive-field radius in pixels (the tile halo for exact stitching).
-
-        The block convs' reach plus the larger of the encoder's and the context branch's,
-        rounded up to a multiple of :attr:`align` so tiles keep the pooling grid.
-        """
-        r = self.block_reach + max(self.encoder_reach, self.context_reach)
-        return -(-r // self.align) * self.align
-
-    @property
-    def mlp_hidden(self) -> int:
-        """Hidden width of each block's MLP."""
-        return max(1, int(round(self.d_model * self.mlp_ratio)))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (tuples as lists)."""
-        d = dataclasses.asdict(self)
-        d["encoder_channels"] = list(self.encoder_channels)
-        d["context_channels"] = list(self.context_channels)
-        d["context_dilations"] = list(self.context_dilations)
-        return d
-
-    def to_json(self) -> str:
-        """The config as a JSON string (what :mod:`ctpore.models.weights` stores)."""
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PoreFormerConfig:
-        """Build from a dict; unknown keys are an :class:`InputError`."""
-        if not isinstance(d, dict):
-            raise InputError(f"a PoreFormer config must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InputError(
-                f"unknown PoreFormer config keys: {', '.join(unknown)}; known: "
-                f"{', '.join(sorted(known))}"
-            )
-        return cls(**d)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path | None = None) -> PoreFormerConfig:
-        """Read a config from YAML (default: the package's ``configs/model.yaml``).
-
-        The file may hold the fields at top level or under a ``model:`` key.
-        """
-        import yaml  # noqa: PLC0415 (only needed here)
-
-        p = Path(path) if path is not None else Path(__file__).resolve().parent.parent / (
-            "configs/model.yaml"
-        )
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise InputError(f"cannot read the model config ({exc.strerror})", path=p) from exc
-        except yaml.YAMLError as exc:
-            raise InputError(f"not valid YAML ({exc})", path=p) from exc
-        if isinstance(data, dict) and "model" in data and isinstance(data["model"], dict):
-            data = data["model"]
-        try:
-            return cls.from_dict(data or {})
-        except InputError as exc:
-            raise InputError(exc.message, path=p) from exc
 
 
 def z_features(

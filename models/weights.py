@@ -1,33 +1,43 @@
-"""PoreFormer weights in and out: safetensors only, the config saved beside the tensors.
+"""All weights in and out: safetensors only, the config and post-processing saved beside the tensors.
 
-A weights file is a safetensors file whose metadata holds ``"config"`` (the
-:class:`~ctpore.models.poreformer.PoreFormerConfig` as JSON), ``"format"``
+A PoreFormer weights file is a safetensors file whose metadata holds ``"config"`` (the
+:class:`~ctpore.models.poreformer_config.PoreFormerConfig` as JSON), ``"format"``
 (``"ctpore.poreformer"``), ``"ctpore_version"`` and any extra string metadata given to
-:func:`save_weights`. Pickle-based checkpoints (``.pt``, ``.pth``, ``.ckpt``, ...) are refused:
-unpickling runs code from the file.
+:func:`save_weights`. A U-Net weights file holds its config dict under ``"config"``. Exported
+weights also carry their post-processing (threshold, speck size, two-direction averaging, the
+probability calibration), read back by :func:`read_postprocessing`. A training checkpoint
+(:func:`save_checkpoint`) holds the model and optimizer tensors, with the step, config and history
+as metadata. Pickle-based checkpoints (``.pt``, ``.pth``, ``.ckpt``, ...) are refused: unpickling
+runs code from the file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ctpore.data.errors import InputError
+from ctpore.atomic import atomic_write
+from ctpore.errors import InputError
 
 __all__ = [
     "FORMAT",
+    "Postprocessing",
     "default_weights_path",
+    "load_checkpoint",
     "load_model",
+    "load_unet",
     "read_metadata",
+    "read_postprocessing",
+    "save_checkpoint",
     "save_weights",
     "sha256_file",
+    "weights_dir",
 ]
 
 FORMAT = "ctpore.poreformer"
@@ -94,21 +104,28 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def weights_dir() -> Path:
+    """The folder of the shipped weights (``models/weights``)."""
+    return Path(__file__).resolve().parent / "weights"
+
+
 def default_weights_path() -> Path | None:
     """The package's shipped weights, ``models/weights/poreformer.safetensors``, or None."""
-    p = Path(__file__).resolve().parent / "weights" / "poreformer.safetensors"
+    p = weights_dir() / "poreformer.safetensors"
     return p if p.is_file() else None
 
 
 def save_weights(model: torch.nn.Module, path: str | Path, metadata: dict | None = None) -> Path:
-    """Write a PoreFormer's weights and config to a safetensors file (atomically).
+    """Write a network's weights and config to a safetensors file, whole or not at all.
 
     Parameters
     ----------
-    model : PoreFormer
-        Its ``state_dict()`` is saved (on CPU) and its ``config`` as JSON under ``"config"``.
+    model : PoreFormer or U-Net
+        Its ``state_dict()`` is saved (on CPU) and its ``config`` under ``"config"``: a PoreFormer's
+        :class:`PoreFormerConfig` as JSON with ``"format"`` and ``"ctpore_version"``; a U-Net's
+        config dict (``{"kind", "channels", "strides"}``) as JSON.
     path : str or Path
-        Destination; written to a temporary file in the same folder, then renamed.
+        Destination (its folder is created); written through :func:`ctpore.atomic.atomic_write`.
     metadata : dict, optional
         Extra metadata, string keys; values that are not strings are stored as JSON.
         ``config`` and ``format`` are reserved.
@@ -123,8 +140,9 @@ def save_weights(model: torch.nn.Module, path: str | Path, metadata: dict | None
     from ctpore import __version__  # noqa: PLC0415
 
     config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "to_json"):
-        raise InputError(f"save_weights needs a PoreFormer, got {type(model).__name__}")
+    is_poreformer = hasattr(config, "to_json")
+    if not is_poreformer and not (isinstance(config, dict) and "kind" in config):
+        raise InputError(f"save_weights needs a PoreFormer or a U-Net, got {type(model).__name__}")
     meta: dict[str, str] = {}
     for key, value in (metadata or {}).items():
         if not isinstance(key, str):
@@ -132,20 +150,17 @@ def save_weights(model: torch.nn.Module, path: str | Path, metadata: dict | None
         if key in ("config", "format"):
             raise InputError(f"metadata key {key!r} is reserved for ctpore")
         meta[key] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    meta.setdefault("ctpore_version", __version__)
-    meta["format"] = FORMAT
-    meta["config"] = config.to_json()
+    if is_poreformer:
+        meta.setdefault("ctpore_version", __version__)
+        meta["format"] = FORMAT
+        meta["config"] = config.to_json()
+    else:
+        meta["config"] = json.dumps(config)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(p) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
     return p
 
 
@@ -247,3 +262,128 @@ def load_model(
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+def load_unet(path: str | Path) -> torch.nn.Module:
+    """Build a U-Net baseline from its safetensors weights file (in eval mode).
+
+    Raises
+    ------
+    InputError
+        For a missing or non-safetensors file, or one without a U-Net config.
+    """
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    from ctpore.models.unet import build_unet  # noqa: PLC0415
+
+    p = Path(path)
+    if not p.exists():
+        kind = p.stem
+        raise InputError(f"no trained {kind} weights; train them with configs/train_{kind}.yaml", path=p)
+    meta = read_metadata(p)
+    config = meta.get("config")
+    if not isinstance(config, dict) or "kind" not in config:
+        raise InputError("the weights file holds no U-Net config", path=p)
+    try:
+        model = build_unet(config)
+    except InputError as exc:
+        raise InputError(exc.message, path=p) from None
+    model.load_state_dict(load_file(str(p), device="cpu"))
+    return model.eval()
+
+
+@dataclass
+class Postprocessing:
+    """What turns a network's probabilities into the outputs, chosen on validation scans at export.
+
+    Attributes
+    ----------
+    threshold : float
+        Pores are ``raw probability >= threshold``.
+    min_size : int
+        Pore components and solid islands smaller than this (voxels) are removed (0: none).
+    bidirectional : bool
+        Average a causal model's pass with a pass over the reversed stack.
+    calibration : dict or None
+        The monotone map applied to the probability map (``{"x", "y", "n"}``, see
+        :mod:`ctpore.data.calibration`); None: probabilities as the network gives them.
+    """
+
+    threshold: float = 0.5
+    min_size: int = 0
+    bidirectional: bool = False
+    calibration: dict | None = None
+
+
+def read_postprocessing(path: str | Path, meta: dict | None = None) -> Postprocessing:
+    """The post-processing stored with a weights file (defaults where it stores none).
+
+    Parameters
+    ----------
+    path : str or Path
+        The weights file (named in errors).
+    meta : dict, optional
+        Its metadata, when already read (:func:`read_metadata`).
+
+    Raises
+    ------
+    InputError
+        For a malformed stored calibration; the message says how to refit it.
+    """
+    meta = read_metadata(path) if meta is None else meta
+    try:
+        raw = meta.get("calibration")
+        cal = None
+        if raw not in (None, "", "null"):
+            cal = json.loads(raw) if isinstance(raw, str) else raw
+            x, y = cal.get("x"), cal.get("y")
+            if not x or not y or len(x) != len(y):
+                raise ValueError("the stored calibration needs x and y of equal, non-zero length")
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise InputError(f"the stored probability calibration is malformed ({exc}); "
+                         "refit it with ctpore.pipelines.train.refit_postprocessing", path=path) from None
+    return Postprocessing(
+        threshold=float(meta.get("threshold", 0.5)),
+        min_size=int(meta.get("min_size", 0)),
+        bidirectional=str(meta.get("bidirectional", "false")).lower() == "true",
+        calibration=cal,
+    )
+
+
+def save_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int,
+                    config: dict, history: list) -> None:
+    """Write a training checkpoint: model and optimizer tensors, step, config and history as metadata."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    osd = opt.state_dict()
+    for idx, st in osd["state"].items():
+        for k, v in st.items():
+            t = v if torch.is_tensor(v) else torch.tensor(v)
+            tensors[f"optim.{idx}.{k}"] = t.detach().cpu().contiguous()
+    meta = {
+        "step": str(step),
+        "train_config": json.dumps(config),
+        "param_groups": json.dumps(osd["param_groups"]),
+        "history": json.dumps(history),
+    }
+    with atomic_write(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+
+
+def load_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, list, dict]:
+    """Load a checkpoint into ``model`` and ``opt``; return ``(step, history, train config dict)``."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    p = _check_safetensors(path)
+    with safe_open(str(p), framework="pt") as fh:
+        meta = fh.metadata()
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    state: dict = {}
+    for k, v in tensors.items():
+        if k.startswith("optim."):
+            _, idx, name = k.split(".", 2)
+            state.setdefault(int(idx), {})[name] = v
+    opt.load_state_dict({"state": state, "param_groups": json.loads(meta["param_groups"])})
+    return int(meta["step"]), json.loads(meta["history"]), json.loads(meta["train_config"])

@@ -1,15 +1,13 @@
-"""Whole jobs: reconstruct, evaluate, predict (streaming), train, benchmark, batch.
+"""Whole jobs: reconstruct, evaluate, predict (streaming), train, benchmark.
 
 Every pipeline is a plain function with typed arguments, no printing, and an optional
-``progress`` callback ``progress(done: int, total: int, stage: str)``, so the command line, the
-napari widget and a Dask task call it the same way.
+``progress`` callback (:data:`ctpore.progress.ProgressFn`), so the command line, a notebook and
+any other front end call it the same way.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
-
-ProgressFn = Optional[Callable[[int, int, str], None]]
+from ctpore.progress import ProgressFn
 
 __all__ = ["ProgressFn", "predict"]
 

@@ -7,7 +7,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ctpore.data.errors import InputError
+from ctpore.errors import InputError
 from ctpore.data.io import load_scan, read_label, read_volume
 from ctpore.data.metrics import check_binary, comparison_metrics, volume_metrics
 

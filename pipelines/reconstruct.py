@@ -15,21 +15,23 @@ Methods
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
 
-from ctpore.data.errors import InputError
+from ctpore.atomic import write_json_atomic
+from ctpore.data.calibration import apply_calibration
 from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan, output_stem, read_label, save_volume
 from ctpore.data.metrics import comparison_metrics, volume_metrics
 from ctpore.data.normalize import NormalizedVolume, intensity_range
-from ctpore.pipelines import ProgressFn
+from ctpore.errors import InputError
+from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
+from ctpore.progress import ProgressFn
 
 METHODS = ("auto", "poreformer", "otsu", "plain-otsu")
 
@@ -44,9 +46,6 @@ def _defaults() -> dict:
 
 #: Defaults for the command and the API (``configs/reconstruct.yaml``).
 DEFAULTS = _defaults()
-
-#: Speck size (voxels) removed by the ``otsu`` (Fiji) pipeline.
-OTSU_MIN_SIZE = 10
 
 #: Scans up to this many bytes (as float32) are read into memory once before PoreFormer runs;
 #: larger ones are streamed from disk slice-chunk by chunk (once per in-plane tile and direction).
@@ -64,7 +63,8 @@ class Reconstruction:
     pores : ndarray of uint8, shape (Z, Y, X)
         1 = pore, 0 = solid.
     metrics : dict
-        The metrics JSON (keys in DESIGN.md; MSE, Dice, ... added when a truth was given).
+        The metrics JSON (keys in ``docs/architecture.md``; MSE, Dice, ... added when a truth
+        was given).
     geometry : Geometry
         Where the volume came from (to write outputs back in the input's voxel order).
     """
@@ -73,7 +73,6 @@ class Reconstruction:
     pores: np.ndarray
     metrics: dict
     geometry: Geometry
-    extra: dict = field(default_factory=dict)
 
 
 def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike]) -> dict:
@@ -130,7 +129,9 @@ class _ReversedZ:
 def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):
     import torch
 
-    from ctpore.models.weights import default_weights_path, load_model, read_metadata, sha256_file
+    from ctpore.models.weights import (
+        default_weights_path, load_model, read_metadata, read_postprocessing, sha256_file,
+    )
     from ctpore.pipelines.stream import predict
 
     path = Path(weights) if weights is not None else default_weights_path()
@@ -140,13 +141,13 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):
         )
     model = load_model(path, device=device)
     meta = read_metadata(path)
+    post = read_postprocessing(path, meta)
     if isinstance(volume, Scan) and 4 * int(np.prod(volume.shape)) <= IN_MEMORY_BYTES:
         volume = volume.read()  # one sequential read instead of one pass per tile and direction
     lo, hi = intensity_range(volume)
     view = NormalizedVolume(volume, lo, hi)
-    bidirectional = str(meta.get("bidirectional", "false")).lower() == "true"
     prob = predict(model, view, chunk_slices=chunk_slices, tile=tile, device=device, progress=progress)
-    if bidirectional:
+    if post.bidirectional:
         # The causal model sees slices above each voxel; a second pass over the reversed stack
         # sees those below, and the two probabilities are averaged (the model stays causal).
         back = predict(model, _ReversedZ(view), chunk_slices=chunk_slices, tile=tile, device=device,
@@ -157,22 +158,12 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):
         "model": {"name": meta.get("name", path.stem), "sha256": sha256_file(path)},
         "attention_backend": getattr(model, "attention_backend", None),
         "device": str(torch.device(device)),
-        "threshold": float(meta.get("threshold", 0.5)),
-        "min_size": int(meta.get("min_size", 0)),
-        "bidirectional": bidirectional,
-        "calibration": _calibration(meta, path),
+        "threshold": post.threshold,
+        "min_size": post.min_size,
+        "bidirectional": post.bidirectional,
+        "calibration": post.calibration,
     }
     return prob, info
-
-
-def _calibration(meta: dict, path: Path):
-    from ctpore.data.calibration import calibration_from_metadata
-
-    try:
-        return calibration_from_metadata(meta)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise InputError(f"the stored probability calibration is malformed ({exc}); "
-                         "refit it with ctpore.pipelines.train.refit_postprocessing", path=path) from None
 
 
 def reconstruct(
@@ -226,16 +217,10 @@ def reconstruct(
             info.update(pf)
             pores = (prob >= info["threshold"]).astype(np.uint8)  # on the raw probability
             if info["min_size"] > 1:
-                from ctpore.models.baselines import clean_specks
-
                 pores = clean_specks(pores, info["min_size"])
             if info["calibration"] is not None:
-                from ctpore.data.calibration import apply_calibration
-
                 apply_calibration(prob, info["calibration"], out=prob)
         else:
-            from ctpore.models.baselines import otsu_segment
-
             if concrete == "otsu":
                 pores, _ = otsu_segment(volume, median_size=3, min_size=OTSU_MIN_SIZE,
                                         chunk_slices=chunk_slices, progress=progress)
@@ -290,29 +275,6 @@ def check_outputs(scan_path, outdir, overwrite: bool) -> dict:
             if p.exists():
                 raise InputError("output exists; pass --overwrite to replace it", path=p)
     return paths
-
-
-def chmod_default(path: Union[str, os.PathLike]) -> None:
-    """Give a file the permissions a plain ``open()`` would (0666 less the umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON to ``path`` whole or not at all (temp file + rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        chmod_default(tmp)  # mkstemp makes 0600; give the file the usual permissions
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def reconstruct_file(

@@ -43,12 +43,13 @@ tile means several passes over the file).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from ctpore.data.errors import InputError
+from ctpore.errors import InputError
+from ctpore.progress import ProgressFn
 
 __all__ = ["plan_tiles", "predict"]
 
@@ -137,7 +138,7 @@ def predict(
     chunk_slices: int = 32,
     tile: int = 128,
     device: str | torch.device | None = None,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: ProgressFn = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Pore probability of every voxel of a (Z, Y, X) stack, streamed slice-chunk by chunk.

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from ctpore.data.errors import InputError, NonFiniteError
+from ctpore.errors import InputError, NonFiniteError
+from ctpore.models.kv_cache import KVCache
 from ctpore.models.attention import (
-    KVCache,
     MultiHeadAttention,
     attention_entropy,
     causal_mask,

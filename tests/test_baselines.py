@@ -5,7 +5,7 @@ import pytest
 from scipy import ndimage
 from skimage.filters import threshold_otsu
 
-from ctpore.models.baselines import clean_specks, otsu_segment
+from ctpore.models.classical import clean_specks, otsu_segment
 
 
 def _noisy_two_phase(seed=0, shape=(20, 24, 22), noise=0.08):

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from ctpore.data.errors import InputError
+from ctpore.errors import InputError
 from ctpore.data.metrics import comparison_metrics
 from ctpore.data.synthetic import make_pair
 from ctpore.pipelines.bench import BENCH_SEED_BASE, Runner, bench_quality, weights_dir, write_report
@@ -124,3 +124,18 @@ def test_bad_zoom_max_is_one_line_and_exit_code_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "zoom" in err.lower() and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_speed_times_the_shipped_model():
+    from ctpore.models.weights import default_weights_path, load_model
+    from ctpore.pipelines.bench.speed import bench_speed
+
+    shipped = default_weights_path()
+    if shipped is None:
+        pytest.skip("no shipped weights")
+    res = bench_speed(size=8, backends=("math", "sdpa"), repeats=1)
+    model = load_model(shipped)
+    assert res["weights"] == shipped.name
+    assert res["window"] == model.config.window
+    assert res["n_params"] == sum(p.numel() for p in model.parameters())
+    assert res["backends"]["sdpa"]["max_abs_diff"] < 1e-4  # the same weights in both backends

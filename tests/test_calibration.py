@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ctpore.data import calibration as C
-from ctpore.data.errors import InputError
+from ctpore.errors import InputError
 
 
 def _isotonic_reference(y, w):
@@ -116,7 +116,7 @@ def test_refit_postprocessing_keeps_tensors_and_provenance_and_does_not_raise_ms
     from ctpore.pipelines import train as T
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(T, "POSTPROCESSING_SCANS", 3)  # the run's 2 validation scans and one more
+    monkeypatch.setattr(T.export, "POSTPROCESSING_SCANS", 3)  # the run's 2 validation scans and one more
     cfg = T.config_from_dict({
         "model": "poreformer", "model_config": {"d_model": 16, "n_heads": 2, "n_layers": 1},
         "data": {"n_train": 2, "n_val": 2, "volume_size": 16, "crop": [8, 12, 12]},

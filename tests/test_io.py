@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from ctpore.data.errors import InputError, NonFiniteError
+from ctpore.errors import InputError, NonFiniteError
 from ctpore.data.io import (
     Geometry,
     geometry_from_array,

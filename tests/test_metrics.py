@@ -10,7 +10,7 @@ import skimage.measure
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctpore.data.errors import InputError, NonFiniteError
+from ctpore.errors import InputError, NonFiniteError
 from ctpore.data.metrics import (
     check_binary,
     comparison_metrics,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctpore.data.errors import InputError
+from ctpore.errors import InputError
 from ctpore.models import PoreFormer, PoreFormerConfig
 from ctpore.pipelines import predict
 from ctpore.pipelines.stream import plan_tiles

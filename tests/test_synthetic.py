@@ -17,7 +17,7 @@ import pytest
 from skimage.filters import threshold_otsu
 
 from ctpore.data import synthetic as S
-from ctpore.data.errors import InputError
+from ctpore.errors import InputError
 
 LEOPARD = Path("/work/shared/data/leopard_porespy/label.nii.gz")
 
@@ -322,7 +322,9 @@ def test_zoom_fine_enlarges_a_ball_by_the_factor():
     g = np.indices((24, 24, 24)).astype(float)
     c0 = np.array([7.0, 9.0, 6.0])
     ball = ((g - c0[:, None, None, None]) ** 2).sum(0) <= 25.0
-    big = S._zoom_fine(ball, (40, 44, 36), 2.5)
+    from ctpore.data.synthetic.pairs import _zoom_fine
+
+    big = _zoom_fine(ball, (40, 44, 36), 2.5)
     assert big.shape == (40, 44, 36)
     assert big.sum() / ball.sum() == pytest.approx(2.5**3, rel=0.06)
     assert np.allclose(np.argwhere(big).mean(0), (c0 + 0.5) * 2.5 - 0.5, atol=0.25)

@@ -8,12 +8,11 @@ import dataclasses
 import pytest
 import torch
 
-from ctpore.data.errors import InputError, NonFiniteError
+from ctpore.errors import InputError, NonFiniteError
+from ctpore.models.losses import loss_terms, soft_skeleton
 from ctpore.pipelines.train import (
     config_from_dict,
     export_weights,
-    loss_terms,
-    soft_skeleton,
     train,
 )
 
@@ -96,7 +95,7 @@ def test_export_writes_loadable_weights_with_provenance(tmp_path, monkeypatch):
     from ctpore.models.weights import load_model, read_metadata
     from ctpore.pipelines import train as T
 
-    monkeypatch.setattr(T, "POSTPROCESSING_SCANS", 2)
+    monkeypatch.setattr(T.export, "POSTPROCESSING_SCANS", 2)
     cfg = config_from_dict({**TINY, "steps": 2})
     res = train(cfg, tmp_path / "run")
     path = export_weights(res, tmp_path / "w.safetensors")
@@ -167,9 +166,9 @@ def test_shipped_weights_were_trained_by_the_config_in_configs(name, config):
     assert meta["data_config_sha256"] == data_config_hash(cfg)
     assert int(meta["steps"]) == cfg.steps
     # its post-processing and calibration were chosen on the validation seed range, so they ship
-    from ctpore.data.calibration import calibration_from_metadata
+    from ctpore.models.weights import read_postprocessing
 
-    cal = calibration_from_metadata(meta)
+    cal = read_postprocessing(weights, meta).calibration
     assert cal is not None and sum(cal["n"]) >= 48 * cfg.data.volume_size**3
     assert all(b >= a for a, b in zip(cal["y"], cal["y"][1:]))
 

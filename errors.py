@@ -1,12 +1,17 @@
-"""Errors that mean "the user gave us something we cannot use".
+"""The errors ctpore raises on purpose, for every layer (data, models, pipelines, app).
 
-The command line turns :class:`InputError` into one line on stderr and exit code 2; anything
-else is an internal error (exit code 1). Messages name the file and say what to do.
+:class:`InputError` means "the user gave us something we cannot use": a file that cannot be read,
+a shape that does not fit, an option out of range. The command line turns it into one line on
+stderr and exit code 2. It subclasses :class:`ValueError`, so ``except ValueError`` still
+catches it. :class:`NonFiniteError` means a NaN or Inf appeared inside a computation. Anything
+else that escapes is an internal error (exit code 1). Messages name the file and say what to do.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+__all__ = ["InputError", "NonFiniteError"]
 
 
 class InputError(ValueError):

@@ -1,25 +1,30 @@
 """Speed benchmark of the attention backends through the real streaming path.
 
-:func:`bench_speed` runs one randomly initialised PoreFormer (the default config, or with a
-window) through :func:`ctpore.pipelines.stream.predict` on a random ``size^3`` volume, once per
-backend per repeat, the backends interleaved so that the machine's drift hits them alike, and
+:func:`bench_speed` runs the shipped PoreFormer (or any weights file) through
+:func:`ctpore.pipelines.stream.predict` with ``ctpore reconstruct``'s chunk and tile sizes on a
+random ``size^3`` volume, once per backend per repeat, the backends interleaved so that the machine's drift hits them alike, and
 reports the median voxels per second of each. The same weights are loaded into every backend, so
 it also reports how far each backend's output is from the first one's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from ctpore.data.errors import InputError
+from ctpore.errors import InputError
 from ctpore.models.attention import BACKENDS, resolve_backend
-from ctpore.models.poreformer import PoreFormer, PoreFormerConfig
+from ctpore.models.poreformer import PoreFormer
+from ctpore.models.weights import default_weights_path, load_model
+from ctpore.pipelines.reconstruct import DEFAULTS
 from ctpore.pipelines.stream import predict
+from ctpore.progress import ProgressFn
 
 __all__ = ["bench_speed"]
 
@@ -29,10 +34,11 @@ def bench_speed(
     backends: Sequence[str] = ("math", "sdpa"),
     repeats: int = 3,
     window: int | None = None,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: ProgressFn = None,
     *,
-    chunk_slices: int = 32,
-    tile: int = 128,
+    chunk_slices: int = DEFAULTS["chunk_slices"],
+    tile: int = DEFAULTS["tile"],
+    weights: str | Path | None = None,
     device: str | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -49,15 +55,17 @@ def bench_speed(
         Timed runs per backend, interleaved (math, sdpa, math, sdpa, ...), after one untimed
         warm-up run per backend on a small volume.
     window : int, optional
-        Look-back window of the model (None: every earlier slice, as the default config).
+        Override the model's look-back window (None: the model's own).
     progress : callable, optional
         ``progress(done, total, "bench <backend>")`` after each timed run.
     chunk_slices, tile : int
-        Passed to ``predict``.
+        Passed to ``predict`` (default: those of ``ctpore reconstruct``).
+    weights : path, optional
+        The model to time (default: the shipped PoreFormer).
     device : str, optional
         Default CPU.
     seed : int
-        Seed for the weights and the volume.
+        Seed of the random volume.
 
     Returns
     -------
@@ -83,14 +91,20 @@ def bench_speed(
         raise InputError("backends must name at least one of " + ", ".join(BACKENDS))
     dev = torch.device(device) if device is not None else torch.device("cpu")
 
-    torch.manual_seed(seed)
-    config = PoreFormerConfig(window=window, attention_backend="sdpa")
-    state = PoreFormer(config).state_dict()
+    path = Path(weights) if weights is not None else default_weights_path()
+    if path is None:
+        raise InputError("no PoreFormer weights are installed; give a weights file to time")
+    base = load_model(path, attention_backend="sdpa")
+    config = base.config
+    if window is not None:
+        config = dataclasses.replace(config, window=window)  # no parameter changes: same weights
+    state = base.state_dict()
     models: dict[str, PoreFormer] = {}
     result: dict[str, Any] = {
         "size": size,
         "voxels": size**3,
-        "window": window,
+        "weights": path.name,
+        "window": config.window,
         "repeats": repeats,
         "chunk_slices": chunk_slices,
         "tile": tile,
@@ -108,7 +122,7 @@ def bench_speed(
                 raise
             result["backends"][name] = {"available": False, "reason": str(exc)}
             continue
-        m = PoreFormer(PoreFormerConfig(window=window, attention_backend=name))
+        m = PoreFormer(dataclasses.replace(config, attention_backend=name))
         m.load_state_dict(state)
         models[name] = m.to(dev).eval()
         result["backends"][name] = {"available": True, "resolved": resolved, "seconds": []}

@@ -1,0 +1,82 @@
+"""Volumes in and out: NIfTI (``.nii``, ``.nii.gz``) and TIFF (a multi-page file or a folder of slices).
+
+Inside ctpore a volume is an array ``(Z, Y, X)``: slices, rows, columns. This module is the only
+place that knows how a file's voxel order maps to that, and back.
+
+Axis convention (NIfTI)
+-----------------------
+A NIfTI file stores voxels along its axes ``(i, j, k)``. The *slice axis* ``s`` is the file axis
+that becomes Z; by default ``s = 2`` (k). With ``a < b`` the two other axes, ctpore's array is::
+
+    volume = data.transpose(s, b, a)        # (Z, Y, X)
+
+so ``s = 2`` gives ``(k, j, i)``, ``s = 1`` gives ``(j, k, i)`` and ``s = 0`` gives ``(i, k, j)``.
+:func:`save_volume` applies the inverse permutation, so outputs are in the input's voxel order and
+carry the input's affine, qform and sform (matrices and codes), pixdim and units unchanged.
+
+Files with 4 or more dimensions are accepted when every dimension after the third has size 1
+(e.g. ``(X, Y, Z, 1)`` as some tools write a single volume); those singleton dimensions are dropped.
+A 2D image (fewer than 3 dimensions, or a 3D shape with a size-1 spatial axis) and a 4D file that
+holds several volumes are refused.
+
+Axis convention (TIFF)
+----------------------
+Pages (or the files of a folder, in natural order: ``s_2.tif`` before ``s_10.tif``) are slices:
+the stack is already ``(Z, Y, X)``, so ``slice_axis`` must be None or 0. Spacing comes from ImageJ
+metadata (``unit``, ``spacing`` for z, XResolution/YResolution for x/y); a TIFF without ImageJ
+metadata (or with unit ``pixel``) has spacing 1.0 and units ``"unknown"``.
+
+Units
+-----
+NIfTI ``xyzt_units`` ``mm``, ``micron`` and ``meter`` are converted to mm. Unknown units (code 0,
+common in files from tools that do not set them) are *treated as mm* and reported as
+``units="unknown"`` so that the user can check the spacing (``ctpore info`` shows it).
+
+Values policy
+-------------
+ctpore never guesses voxel values. :meth:`Scan.read_slices` (and everything built on it:
+:meth:`Scan.read`, :func:`read_volume`, :func:`read_label`) raises :class:`InputError` that names
+the file and the slice range when a voxel is NaN or Inf; the user must replace those values.
+Opening a scan does not read all voxels, so a NaN deep inside a file is found when its slices
+are read. :meth:`Scan.describe` counts non-finite voxels instead of raising.
+
+Examples
+--------
+>>> scan = load_scan("rock.nii.gz")                      # doctest: +SKIP
+>>> scan.shape, scan.geometry.spacing_mm                 # doctest: +SKIP
+((100, 100, 100), (1.0, 1.0, 1.0))
+>>> chunk = scan[10:20]                                  # (10, Y, X) float32  # doctest: +SKIP
+>>> save_volume("out/rock_pores.nii.gz", pores, scan.geometry, dtype=np.uint8)  # doctest: +SKIP
+
+Rooms
+-----
+``geometry``  :class:`Geometry` (where a volume came from), units, the slice-axis permutation.
+``formats``   file kinds and suffixes, output stems, the checks every reader shares.
+``nifti``     the NIfTI reader and the NIfTI image written back in the input's voxel order.
+``tiff``      the TIFF readers (a multi-page file, a folder of slices) and the ImageJ writer.
+``scan``      :class:`Scan` (lazy slices of any format), :func:`load_scan`, :func:`read_volume`,
+              :func:`read_label`.
+``write``     :func:`save_volume` (whole or not at all, through :mod:`ctpore.atomic`).
+
+A new format is a reader class in its own module (``__init__(path)``, ``geometry``, ``dtype``,
+``shape``, ``read(start, stop) -> (n, Y, X)``, ``close()``) plus one line in
+:func:`ctpore.data.io.scan.open_reader`.
+"""
+
+from __future__ import annotations
+
+from ctpore.data.io.formats import output_stem
+from ctpore.data.io.geometry import Geometry, geometry_from_array
+from ctpore.data.io.scan import Scan, load_scan, read_label, read_volume
+from ctpore.data.io.write import save_volume
+
+__all__ = [
+    "Geometry",
+    "Scan",
+    "load_scan",
+    "read_volume",
+    "read_label",
+    "save_volume",
+    "output_stem",
+    "geometry_from_array",
+]

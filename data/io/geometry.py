@@ -1,0 +1,189 @@
+"""Where a volume came from: :class:`Geometry`, voxel units in mm, the slice-axis permutation.
+
+Inside ctpore a volume is ``(Z, Y, X)``. A NIfTI file's axes ``(i, j, k)`` map to it through
+:func:`zyx_permutation`; :class:`Geometry` keeps what is needed to write results back in the
+input's voxel order with its header.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctpore.errors import InputError
+
+__all__ = ["Geometry", "geometry_from_array", "to_mm", "f32_decimal", "check_slice_axis", "zyx_permutation"]
+
+
+def to_mm(value: float, mm_per_unit: float) -> float:
+    """``value`` units in mm; divides for sub-mm units so 2.25 micron gives 0.00225 exactly."""
+    if mm_per_unit < 1.0:
+        return value / round(1.0 / mm_per_unit)
+    return value * mm_per_unit
+
+
+def f32_decimal(value: Any) -> float:
+    """A float32 header number as the shortest decimal that round-trips (0.7, not 0.69999998)."""
+    return float(str(np.float32(value)))
+
+
+@dataclass(frozen=True, eq=False)
+class Geometry:
+    """Where a volume came from and how to write results back in the same voxel order.
+
+    Picklable (it can travel to worker processes). Equality compares every field, the affine with
+    ``np.array_equal`` and the header by its bytes.
+
+    Attributes
+    ----------
+    format : str
+        ``"nifti"``, ``"tiff"`` (a multi-page file or a folder of slices) or ``"array"``
+        (an in-memory array, see :func:`geometry_from_array`).
+    shape : tuple of int
+        ``(Z, Y, X)``: the volume as ctpore sees it.
+    spacing_mm : tuple of float
+        ``(z, y, x)`` voxel size in mm, converted from the file's units (unknown units are
+        taken as mm; see ``units``).
+    slice_axis : int
+        The file's voxel axis that is Z (NIfTI: 0, 1 or 2; TIFF and arrays: 0).
+    file_shape : tuple of int
+        The data's shape as stored in the file (NIfTI: ``(i, j, k[, 1, ...])``; TIFF: the
+        shape tifffile reports for the series, or ``(n_files, Y, X)`` for a folder).
+    affine : numpy.ndarray or None
+        The NIfTI image's 4x4 affine (voxel ``(i, j, k)`` to world), read-only; None otherwise.
+    header : object or None
+        A copy of the input's ``Nifti1Header``/``Nifti2Header``; None otherwise.
+    permutation : tuple of int
+        File spatial axes in ``(Z, Y, X)`` order: ``volume = data.transpose(permutation)``.
+        ``(s, b, a)`` for NIfTI, ``(0, 1, 2)`` otherwise.
+    units : str
+        Spatial unit named in the file: ``"mm"``, ``"micron"``, ``"meter"``, ... or
+        ``"unknown"`` (then the numbers were taken as mm).
+    """
+
+    format: str
+    shape: tuple[int, int, int]
+    spacing_mm: tuple[float, float, float]
+    slice_axis: int
+    file_shape: tuple[int, ...]
+    affine: np.ndarray | None = None
+    header: object | None = None
+    permutation: tuple[int, int, int] = (0, 1, 2)
+    units: str = "mm"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        object.__setattr__(self, "spacing_mm", tuple(float(d) for d in self.spacing_mm))
+        object.__setattr__(self, "file_shape", tuple(int(n) for n in self.file_shape))
+        object.__setattr__(self, "permutation", tuple(int(p) for p in self.permutation))
+        if self.affine is not None:
+            affine = np.array(self.affine, dtype=np.float64)  # own copy
+            affine.flags.writeable = False
+            object.__setattr__(self, "affine", affine)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Geometry):
+            return NotImplemented
+        simple = ("format", "shape", "spacing_mm", "slice_axis", "file_shape", "permutation", "units")
+        if any(getattr(self, f) != getattr(other, f) for f in simple):
+            return False
+        if (self.affine is None) != (other.affine is None):
+            return False
+        if self.affine is not None and not np.array_equal(self.affine, other.affine):
+            return False
+        return _header_bytes(self.header) == _header_bytes(other.header)
+
+    def __hash__(self) -> int:
+        return hash((self.format, self.shape, self.spacing_mm, self.slice_axis, self.file_shape))
+
+    def __setstate__(self, state: dict) -> None:
+        # Keep the affine read-only after unpickling as well.
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+        if self.affine is not None:
+            affine = np.array(self.affine, dtype=np.float64)
+            affine.flags.writeable = False
+            object.__setattr__(self, "affine", affine)
+
+    @property
+    def voxel_volume_mm3(self) -> float:
+        """Volume of one voxel in mm³."""
+        z, y, x = self.spacing_mm
+        return z * y * x
+
+
+def _header_bytes(header: object | None) -> bytes | None:
+    if header is None:
+        return None
+    return bytes(header.binaryblock)  # type: ignore[attr-defined]
+
+
+def geometry_from_array(
+    shape_zyx: tuple[int, int, int], spacing_mm: tuple[float, float, float] = (1.0, 1.0, 1.0)
+) -> Geometry:
+    """Geometry for an in-memory ``(Z, Y, X)`` array (API users, tests).
+
+    Parameters
+    ----------
+    shape_zyx : tuple of int
+        ``(Z, Y, X)``.
+    spacing_mm : tuple of float
+        ``(z, y, x)`` voxel size in mm.
+
+    Returns
+    -------
+    Geometry
+        ``format="array"``, no affine or header. :func:`save_volume` writes it as NIfTI with
+        ``affine = diag(x, y, z, 1)`` in the NIfTI ``(i=x, j=y, k=z)`` order, or as TIFF.
+
+    Examples
+    --------
+    >>> g = geometry_from_array((4, 5, 6), (0.5, 0.25, 0.25))
+    >>> g.shape, g.spacing_mm
+    ((4, 5, 6), (0.5, 0.25, 0.25))
+    """
+    shape = tuple(int(n) for n in shape_zyx)
+    if len(shape) != 3 or min(shape) < 1:
+        raise InputError(f"shape_zyx must be 3 positive sizes (Z, Y, X), got {tuple(shape_zyx)}")
+    spacing = tuple(float(d) for d in spacing_mm)
+    if len(spacing) != 3 or not all(math.isfinite(d) and d > 0 for d in spacing):
+        raise InputError(f"spacing_mm must be 3 positive finite sizes (z, y, x), got {tuple(spacing_mm)}")
+    return Geometry(
+        format="array",
+        shape=shape,  # type: ignore[arg-type]
+        spacing_mm=spacing,  # type: ignore[arg-type]
+        slice_axis=0,
+        file_shape=shape,
+        permutation=(0, 1, 2),
+        units="mm",
+    )
+
+
+def check_slice_axis(slice_axis: Any, path: Path, kind: str) -> int | None:
+    if slice_axis is None:
+        return None
+    if isinstance(slice_axis, bool) or not isinstance(slice_axis, (int, np.integer)):
+        raise InputError(f"slice axis must be 0, 1 or 2, got {slice_axis!r}", path)
+    slice_axis = int(slice_axis)
+    if kind != "nifti":
+        if slice_axis != 0:
+            raise InputError(
+                f"slice axis {slice_axis} only applies to NIfTI files; the slices of a TIFF stack "
+                "are its pages (leave the slice axis unset or use 0)",
+                path,
+            )
+        return 0
+    if slice_axis not in (0, 1, 2):
+        raise InputError(f"slice axis must be 0, 1 or 2, got {slice_axis}", path)
+    return slice_axis
+
+
+def zyx_permutation(slice_axis: int) -> tuple[int, int, int]:
+    """``(s, b, a)`` with ``a < b`` the two other axes: file axes in ``(Z, Y, X)`` order."""
+    a, b = (ax for ax in (0, 1, 2) if ax != slice_axis)
+    return (slice_axis, b, a)
+

@@ -1,0 +1,173 @@
+"""NIfTI (``.nii``, ``.nii.gz``): the lazy slice reader and the image written back.
+
+Uncompressed files are memory-mapped; a ``.nii.gz`` is kept open so that reading forward along k
+is one pass over the stream. Outputs carry the input's header (affine, qform/sform and their
+codes, pixdim, units) and go back in its voxel order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+from nibabel.volumeutils import apply_read_scaling
+
+from ctpore.data.io.formats import check_3d, check_grayscale_dtype, reason
+from ctpore.data.io.geometry import Geometry, f32_decimal, to_mm, zyx_permutation
+from ctpore.errors import InputError
+
+__all__ = ["NiftiReader", "nifti_image"]
+
+# NIfTI xyzt_units spatial names (as nibabel reports them) -> mm per unit.
+_NIFTI_UNIT_MM = {"mm": 1.0, "micron": 1e-3, "meter": 1e3, "unknown": 1.0}
+
+
+class NiftiReader:
+    def __init__(self, path: Path, slice_axis: int | None):
+        self.path = path
+        gz = path.name.lower().endswith(".gz")
+        try:
+            if gz:
+                img = nib.load(str(path), keep_file_open=True)
+            else:
+                img = nib.load(str(path), mmap="r")
+        except MemoryError:
+            raise
+        except Exception as exc:  # nibabel, gzip, zlib, EOFError: all mean a bad file
+            raise InputError(f"is not a readable NIfTI file ({reason(exc)})", path) from exc
+        if not isinstance(img, (nib.Nifti1Image, nib.Nifti2Image)):
+            raise InputError(f"is not a single-file NIfTI image ({type(img).__name__})", path)
+        header = img.header
+        dtype = np.dtype(img.get_data_dtype())
+        check_grayscale_dtype(dtype, path)
+        file_shape = tuple(int(n) for n in img.shape)
+        if len(file_shape) > 3 and any(n != 1 for n in file_shape[3:]):
+            raise InputError(
+                f"holds several volumes (shape {file_shape}); ctpore needs one 3D volume: "
+                "extract the one to use (e.g. with fslroi or nibabel) and pass that",
+                path,
+            )
+        check_3d(file_shape[:3], path, file_shape)
+        s = 2 if slice_axis is None else slice_axis
+        self.perm = zyx_permutation(s)
+        self.ndim = len(file_shape)
+        self.file_shape = file_shape
+        self.dtype = dtype
+        self.img = img
+        self.proxy = img.dataobj
+        self.slope = float(self.proxy.slope)
+        self.inter = float(self.proxy.inter)
+        self.memmap: np.ndarray | None = None  # uncompressed: the whole data, memory-mapped
+        self.cache: np.ndarray | None = None  # .nii.gz read along i or j: whole raw data
+        self.gz = gz
+        try:
+            if not gz:
+                self.memmap = self.proxy.get_unscaled()  # np.memmap, nothing read yet
+            else:
+                self._check_gzip_complete(header)
+        except InputError:
+            raise
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise InputError(
+                f"is truncated or corrupt: its data cannot be read ({reason(exc)})", path
+            ) from exc
+
+        zooms = [abs(f32_decimal(z)) for z in header.get_zooms()[:3]]
+        unit = header.get_xyzt_units()[0] or "unknown"
+        if unit not in _NIFTI_UNIT_MM:
+            unit = "unknown"
+        if not all(math.isfinite(z) and z > 0 for z in zooms):
+            zooms, unit = [1.0, 1.0, 1.0], "unknown"
+        factor = _NIFTI_UNIT_MM[unit]
+        shape3 = file_shape[:3]
+        self.geometry = Geometry(
+            format="nifti",
+            shape=tuple(shape3[p] for p in self.perm),  # type: ignore[arg-type]
+            spacing_mm=tuple(to_mm(zooms[p], factor) for p in self.perm),  # type: ignore[arg-type]
+            slice_axis=s,
+            file_shape=file_shape,
+            affine=np.asarray(img.affine),
+            header=header.copy(),
+            permutation=self.perm,
+            units=unit,
+        )
+
+    def _check_gzip_complete(self, header: Any) -> None:
+        """Detect a truncated .nii.gz without decompressing it when possible.
+
+        A gzip stream ends with ISIZE, the uncompressed size mod 2**32. If it equals the size the
+        header implies, the file is complete (a cut file ends in compressed bytes that match by
+        chance with probability 2**-32). Otherwise (several gzip members, trailing bytes, or a
+        cut file) read the last voxel, which decompresses the whole stream once.
+        """
+        expected = int(header.get_data_offset()) + int(np.prod(self.file_shape)) * self.dtype.itemsize
+        with open(self.path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() >= 4:
+                f.seek(-4, os.SEEK_END)
+                (isize,) = struct.unpack("<I", f.read(4))
+                if isize == expected % 2**32:
+                    return
+        last = tuple(n - 1 for n in self.file_shape)
+        np.asarray(self.proxy[last])
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        s = self.perm[0]
+        slicer: list[Any] = [slice(None)] * 3 + [0] * (self.ndim - 3)
+        slicer[s] = slice(start, stop)
+        key = tuple(slicer)
+        if self.memmap is not None:
+            raw = apply_read_scaling(np.asarray(self.memmap[key]), self.slope, self.inter)
+        elif self.gz and s != 2:
+            # Slices along i or j touch the whole compressed stream: decompress it once.
+            if self.cache is None:
+                self.cache = np.asarray(self.proxy.get_unscaled())
+            raw = apply_read_scaling(self.cache[key], self.slope, self.inter)
+        else:
+            raw = np.asarray(self.proxy[key])  # nibabel applies scl_slope/scl_inter here
+        return raw.transpose(self.perm)  # (n, Y, X)
+
+    def close(self) -> None:
+        # Dropping the proxy closes the file kept open by nibabel (keep_file_open=True).
+        self.memmap = None
+        self.cache = None
+        self.proxy = None
+        self.img = None
+
+
+def nifti_image(data_zyx: np.ndarray, geometry: Geometry) -> nib.Nifti1Image:
+    """The NIfTI image to write, in the input's voxel order with its header."""
+    if geometry.format == "nifti" and geometry.header is not None:
+        header = geometry.header.copy()  # type: ignore[attr-defined]
+        inverse = tuple(int(i) for i in np.argsort(geometry.permutation))
+        data = data_zyx.transpose(inverse)  # back to (i, j, k)
+        header.set_data_shape(data.shape)
+        header.set_data_dtype(data.dtype)
+        header["scl_slope"] = np.nan  # values are stored as given
+        header["scl_inter"] = np.nan
+        header["cal_min"] = 0.0
+        header["cal_max"] = 0.0
+        cls = nib.Nifti2Image if isinstance(header, nib.Nifti2Header) else nib.Nifti1Image
+        # affine=None: the header's qform/sform (matrices, codes), pixdim and units are kept
+        # exactly as they are; nibabel would rewrite them from a passed affine.
+        return cls(data, None, header)
+    # TIFF or array origin: NIfTI (i, j, k) = (x, y, z); qform and sform both "scanner" (1).
+    data = data_zyx.transpose(2, 1, 0)  # (X, Y, Z)
+    z, y, x = geometry.spacing_mm
+    affine = np.diag([x, y, z, 1.0])
+    header = nib.Nifti1Header()
+    header.set_data_shape(data.shape)
+    header.set_data_dtype(data.dtype)
+    header.set_qform(affine, code=1)
+    header.set_sform(affine, code=1)
+    header.set_xyzt_units("mm")
+    return nib.Nifti1Image(data, None, header)
+
+

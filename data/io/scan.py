@@ -1,0 +1,394 @@
+"""A scan on disk read lazily as ``(Z, Y, X)`` float32 slices, whatever its format."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+
+from ctpore.data.io.formats import SUPPORTED_HELP, file_kind, reason
+from ctpore.data.io.geometry import Geometry, check_slice_axis
+from ctpore.data.io.nifti import NiftiReader
+from ctpore.data.io.tiff import TiffFolderReader, TiffStackReader
+from ctpore.errors import InputError
+from ctpore.progress import ProgressFn
+
+__all__ = ["Scan", "load_scan", "read_volume", "read_label", "open_reader"]
+
+# Slices read per chunk when streaming a whole volume (about this many bytes of float32).
+_CHUNK_BYTES = 64 * 2**20
+
+
+def _chunk_slices(shape_zyx: tuple[int, int, int]) -> int:
+    _, y, x = shape_zyx
+    return max(1, _CHUNK_BYTES // max(1, 4 * y * x))
+
+
+def open_reader(path: Path, slice_axis: int | None):
+    """Check the path and open the right reader."""
+    if not path.exists():
+        raise InputError("file not found", path)
+    kind = file_kind(path)
+    if not kind:
+        suffix = path.suffix or "(none)"
+        raise InputError(f"unsupported file type {suffix}; {SUPPORTED_HELP}", path)
+    slice_axis = check_slice_axis(slice_axis, path, kind)
+    if kind == "folder":
+        return TiffFolderReader(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InputError(f"cannot read the file ({reason(exc)})", path) from exc
+    if size == 0:
+        raise InputError("the file is empty (0 bytes)", path)
+    if kind == "nifti":
+        return NiftiReader(path, slice_axis)
+    return TiffStackReader(path)
+
+
+class Scan:
+    """A scan on disk, read lazily as ``(Z, Y, X)`` float32 slices.
+
+    Parameters
+    ----------
+    path : str or Path
+        A ``.nii``/``.nii.gz`` file, a ``.tif``/``.tiff`` file, or a folder of TIFF slices.
+    slice_axis : int, optional
+        NIfTI only: the file axis that is Z (default 2, k). See the module docstring.
+
+    Attributes
+    ----------
+    path : Path
+    geometry : Geometry
+    dtype : numpy.dtype
+        The voxel type on disk (before NIfTI scaling; slices come back as float32).
+
+    Notes
+    -----
+    ``scan[z0:z1]`` equals ``scan.read_slices(z0, z1)``, so a Scan can stand where a
+    ``(Z, Y, X)`` array is read in chunks of slices. A ``.nii.gz`` is kept open between reads
+    (reading forward is cheap; reading backwards re-decompresses from the start, so the last
+    chunk read is kept to serve overlapping halos). Reading a ``.nii.gz`` along i or j
+    (``slice_axis`` 0 or 1) decompresses the whole data once and keeps it in memory.
+    :meth:`close` releases files; a later read reopens them. A Scan pickles as its path and
+    slice axis (files reopen on the worker).
+    """
+
+    def __init__(self, path: str | Path, slice_axis: int | None = None):
+        self.path = Path(path)
+        self._slice_axis = slice_axis
+        self._lock = threading.RLock()
+        self._reader = open_reader(self.path, slice_axis)
+        self.geometry: Geometry = self._reader.geometry
+        self.dtype: np.dtype = np.dtype(self._reader.dtype)
+        self._last: tuple[int, int, np.ndarray] | None = None  # last chunk read (gz only)
+
+    # -- array-like surface ------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(Z, Y, X)``."""
+        return self.geometry.shape
+
+    @property
+    def ndim(self) -> int:
+        return 3
+
+    @property
+    def spacing_mm(self) -> tuple[float, float, float]:
+        """``(z, y, x)`` voxel size in mm."""
+        return self.geometry.spacing_mm
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"Scan({str(self.path)!r}, shape={self.shape}, format={self.geometry.format!r})"
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """``scan[z0:z1]`` (step 1) is ``read_slices(z0, z1)``; ``scan[z]`` is one (Y, X) slice.
+
+        A tuple ``scan[z0:z1, ...]`` reads the slices and then indexes the rest in memory.
+        """
+        rest: tuple = ()
+        if isinstance(key, tuple):
+            if not key:
+                return self.read()
+            key, rest = key[0], key[1:]
+        nz = self.shape[0]
+        if key is Ellipsis:
+            out = self.read()
+            return out[(Ellipsis,) + rest] if rest else out
+        if isinstance(key, slice):
+            start, stop, step = key.indices(nz)
+            if step != 1:
+                raise IndexError(f"Scan supports only slices with step 1 along Z, got step {key.step}")
+            out = self.read_slices(start, max(start, stop))  # (n, Y, X)
+            return out[(slice(None),) + rest] if rest else out
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            z = int(key) + nz if key < 0 else int(key)
+            if not 0 <= z < nz:
+                raise IndexError(f"slice {key} is out of range for {nz} slices")
+            out = self.read_slices(z, z + 1)[0]  # (Y, X)
+            return out[rest] if rest else out
+        raise IndexError(f"Scan supports scan[z0:z1] and scan[z], got {key!r}")
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        vol = self.read()
+        return vol if dtype is None else vol.astype(dtype, copy=False)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _ensure_open(self):
+        if self._reader is None:
+            self._reader = open_reader(self.path, self._slice_axis)
+        return self._reader
+
+    def _read_unchecked(self, start: int, stop: int) -> np.ndarray:
+        """Slices [start, stop) as C-contiguous float32 (n, Y, X), not checked for NaN/Inf."""
+        nz = self.shape[0]
+        if not (isinstance(start, (int, np.integer)) and isinstance(stop, (int, np.integer))):
+            raise TypeError(f"start and stop must be integers, got {start!r}, {stop!r}")
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= nz:
+            raise IndexError(f"slice range {start}..{stop} is outside 0..{nz} for {self.path.name}")
+        if start == stop:
+            return np.empty((0,) + self.shape[1:], np.float32)
+        with self._lock:
+            reader = self._ensure_open()
+            cached = None
+            lo = start
+            if self._last is not None:
+                a, b, arr = self._last
+                if a <= start < b:
+                    cached = arr[start - a : min(stop, b) - a]
+                    lo = min(stop, b)
+            try:
+                fresh = reader.read(lo, stop) if lo < stop else None
+            except (InputError, MemoryError):
+                raise
+            except Exception as exc:
+                raise InputError(
+                    f"cannot read slices {lo}..{stop - 1}: the file may be truncated or corrupt "
+                    f"({reason(exc)})",
+                    self.path,
+                ) from exc
+            parts = [p for p in (cached, fresh) if p is not None]
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
+            if getattr(reader, "gz", False):
+                self._last = (start, stop, out.copy())
+            return out  # (n, Y, X)
+
+    def read_slices(self, start: int, stop: int) -> np.ndarray:
+        """Slices ``start`` to ``stop - 1`` along Z as float32 ``(stop - start, Y, X)``.
+
+        Only those slices are read from disk.
+
+        Raises
+        ------
+        InputError
+            If a voxel in the range is NaN or Inf (ctpore does not guess values), or the file
+            cannot be read (truncated, corrupt). The message names the file and slice range.
+        IndexError
+            If the range is outside ``0 .. Z``.
+        """
+        out = self._read_unchecked(start, stop)
+        bad = ~np.isfinite(out)
+        if bad.any():
+            count = int(bad.sum())
+            first = int(start) + int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
+            raise InputError(
+                f"{count} voxel(s) in slices {start}..{int(stop) - 1} are NaN or Inf (first in slice "
+                f"{first}; or too large for float32); ctpore never guesses values: replace them "
+                "(e.g. with the scan's minimum) and try again",
+                self.path,
+            )
+        return out
+
+    def read(self, progress: ProgressFn | None = None) -> np.ndarray:
+        """The whole volume as float32 ``(Z, Y, X)``, read in chunks of slices.
+
+        Parameters
+        ----------
+        progress : callable, optional
+            ``progress(done_slices, total_slices, "read")`` after each chunk.
+        """
+        nz = self.shape[0]
+        out = np.empty(self.shape, np.float32)  # (Z, Y, X)
+        step = _chunk_slices(self.shape)
+        for z0 in range(0, nz, step):
+            z1 = min(nz, z0 + step)
+            out[z0:z1] = self.read_slices(z0, z1)
+            if progress is not None:
+                progress(z1, nz, "read")
+        return out
+
+    def describe(self, progress: ProgressFn | None = None) -> dict:
+        """What ``ctpore info`` shows: geometry, header codes and the intensity range.
+
+        The range is computed by streaming the slices; NaN/Inf voxels are counted
+        (``nonfinite_voxels``) and left out of ``min``/``max`` instead of raising.
+        """
+        g = self.geometry
+        info: dict[str, Any] = {
+            "path": str(self.path),
+            "format": g.format,
+            "shape": list(g.shape),
+            "file_shape": list(g.file_shape),
+            "slice_axis": g.slice_axis,
+            "spacing_mm": list(g.spacing_mm),
+            "units": g.units,
+            "dtype": str(self.dtype),
+            "orientation": None,
+            "orientation_zyx": None,
+            "qform_code": None,
+            "sform_code": None,
+        }
+        if g.format == "nifti" and g.header is not None and g.affine is not None:
+            codes = nib.aff2axcodes(g.affine)
+            codes = tuple(c or "?" for c in codes)
+            info["orientation"] = "".join(codes)
+            info["orientation_zyx"] = "".join(codes[p] for p in g.permutation)
+            info["qform_code"] = int(g.header["qform_code"])  # type: ignore[index]
+            info["sform_code"] = int(g.header["sform_code"])  # type: ignore[index]
+        lo, hi, nonfinite = math.inf, -math.inf, 0
+        nz = self.shape[0]
+        step = _chunk_slices(self.shape)
+        for z0 in range(0, nz, step):
+            z1 = min(nz, z0 + step)
+            chunk = self._read_unchecked(z0, z1)
+            finite = np.isfinite(chunk)
+            nbad = chunk.size - int(finite.sum())
+            if nbad:
+                nonfinite += nbad
+                chunk = chunk[finite]
+            if chunk.size:
+                lo, hi = min(lo, float(chunk.min())), max(hi, float(chunk.max()))
+            if progress is not None:
+                progress(z1, nz, "describe")
+        info["min"] = lo if math.isfinite(lo) else None
+        info["max"] = hi if math.isfinite(hi) else None
+        info["nonfinite_voxels"] = nonfinite
+        return info
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release open files and caches (a later read reopens them)."""
+        with self._lock:
+            if self._reader is not None:
+                self._reader.close()
+            self._reader = None
+            self._last = None
+
+    def __enter__(self) -> "Scan":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        return {
+            "path": self.path,
+            "_slice_axis": self._slice_axis,
+            "geometry": self.geometry,
+            "dtype": self.dtype,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self._reader = None
+        self._last = None
+
+
+def load_scan(path: str | Path, slice_axis: int | None = None) -> Scan:
+    """Open a scan for lazy reading.
+
+    Parameters
+    ----------
+    path : str or Path
+        ``.nii``, ``.nii.gz``, ``.tif``/``.tiff`` (multi-page, a single 3D page, or an ImageJ
+        stack) or a folder of single-slice ``.tif``/``.tiff`` files (natural order).
+    slice_axis : int, optional
+        NIfTI: the file axis (0, 1, 2) that is Z; default 2. TIFF: None or 0.
+
+    Returns
+    -------
+    Scan
+
+    Raises
+    ------
+    InputError
+        One line naming the file: missing, empty, truncated or corrupt, not NIfTI/TIFF,
+        unsupported type, 2D, several volumes, colour, slices of different shapes, bad slice axis.
+        A truncated ``.nii.gz`` is caught here (see ``NiftiReader._check_gzip_complete``).
+    """
+    return Scan(path, slice_axis)
+
+
+def read_volume(path: str | Path, slice_axis: int | None = None) -> tuple[np.ndarray, Geometry]:
+    """Read a whole scan: ``((Z, Y, X) float32, Geometry)``. See :func:`load_scan`."""
+    with load_scan(path, slice_axis) as scan:
+        return scan.read(), scan.geometry
+
+
+def read_label(
+    path: str | Path, slice_axis: int | None = None, like: Geometry | None = None
+) -> np.ndarray:
+    """Read a binary label volume (1 = pore, 0 = solid) as uint8 ``(Z, Y, X)``.
+
+    Parameters
+    ----------
+    path : str or Path
+        Label file or folder (same formats as :func:`load_scan`).
+    slice_axis : int, optional
+        As for :func:`load_scan`. When None and ``like`` is a NIfTI geometry and the label is
+        NIfTI, ``like.slice_axis`` is used, so the label is cut the same way as its scan.
+    like : Geometry, optional
+        The scan's geometry; the label's ``(Z, Y, X)`` shape must equal it.
+
+    Raises
+    ------
+    InputError
+        Values other than 0 and 1 (the message lists the values found), a shape that differs
+        from ``like`` (both shapes are given), or anything :func:`load_scan` refuses.
+    """
+    path = Path(path)
+    if slice_axis is None and like is not None and like.format == "nifti" and file_kind(path) == "nifti":
+        slice_axis = like.slice_axis
+    with load_scan(path, slice_axis) as scan:
+        if like is not None and tuple(scan.shape) != tuple(like.shape):
+            raise InputError(
+                f"label shape (Z, Y, X) = {scan.shape} differs from the scan's {tuple(like.shape)}; "
+                "the label must cover the same voxels as the scan",
+                path,
+            )
+        out = np.empty(scan.shape, np.uint8)  # (Z, Y, X)
+        others: set[float] = set()
+        step = _chunk_slices(scan.shape)
+        for z0 in range(0, scan.shape[0], step):
+            z1 = min(scan.shape[0], z0 + step)
+            chunk = scan.read_slices(z0, z1)
+            odd = (chunk != 0) & (chunk != 1)
+            if odd.any():
+                others.update(np.unique(chunk[odd]).tolist())
+                if len(others) > 20:
+                    break
+            out[z0:z1] = chunk
+    if others:
+        values = sorted(others)
+        shown = ", ".join(f"{v:g}" for v in values[:10]) + (", ..." if len(values) > 10 else "")
+        raise InputError(
+            f"a label must hold only 0 (solid) and 1 (pore), found also {shown}; "
+            "binarize it first (1 = pore)",
+            path,
+        )
+    return out
+
+

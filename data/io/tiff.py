@@ -1,0 +1,253 @@
+"""TIFF: a multi-page file or a folder of single-slice files (natural order), and the ImageJ writer.
+
+Pages are slices, so a TIFF stack is already ``(Z, Y, X)``. Spacing comes from ImageJ metadata.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tifffile
+
+from ctpore.data.io.formats import SUPPORTED_HELP, TIFF_SUFFIXES, check_3d, check_grayscale_dtype, natural_key, reason
+from ctpore.data.io.geometry import Geometry, to_mm
+from ctpore.errors import InputError
+
+__all__ = ["TiffStackReader", "TiffFolderReader", "write_tiff"]
+
+# ImageJ 'unit' strings -> (canonical name, mm per unit).
+_IMAGEJ_UNIT_MM = {
+    **dict.fromkeys(("mm", "millimeter", "millimeters", "millimetre", "millimetres"), ("mm", 1.0)),
+    **dict.fromkeys(
+        ("um", "µm", "μm", "\\u00b5m", "micron", "microns", "micrometer", "micrometers", "micrometre"),
+        ("micron", 1e-3),
+    ),
+    **dict.fromkeys(("nm", "nanometer", "nanometers", "nanometre"), ("nm", 1e-6)),
+    **dict.fromkeys(("cm", "centimeter", "centimeters", "centimetre"), ("cm", 10.0)),
+    **dict.fromkeys(("m", "meter", "meters", "metre"), ("meter", 1e3)),
+    **dict.fromkeys(("in", "inch", "inches"), ("inch", 25.4)),
+}
+
+# TIFF data types ImageJ can store (tifffile refuses others with imagej=True).
+_IMAGEJ_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int16), np.dtype(np.float32))
+
+
+def _imagej_spacing(tif: tifffile.TiffFile, page: Any) -> tuple[tuple[float, float, float], str]:
+    """``((z, y, x) in mm, unit)`` from ImageJ metadata; ``((1, 1, 1), "unknown")`` without."""
+    meta = tif.imagej_metadata or {}
+    raw_unit = str(meta.get("unit", "")).strip().lower().replace("\\u00b5", "µ")
+    known = _IMAGEJ_UNIT_MM.get(raw_unit) or _IMAGEJ_UNIT_MM.get(raw_unit.replace("µ", "\\u00b5"))
+    if known is None:
+        return (1.0, 1.0, 1.0), "unknown"
+    unit, factor = known
+
+    def per_pixel(tag_name: str) -> float:
+        tag = page.tags.get(tag_name)
+        if tag is None:
+            return 1.0
+        value = tag.value
+        num, den = (value if isinstance(value, tuple) else (value, 1))[:2]
+        if not num or not den:
+            return 1.0
+        return float(den) / float(num)  # resolution is pixels per unit
+
+    z = meta.get("spacing", 1.0)
+    try:
+        z = abs(float(z))
+    except (TypeError, ValueError):
+        z = 1.0
+    spacing = (z or 1.0, per_pixel("YResolution"), per_pixel("XResolution"))
+    return tuple(to_mm(d, factor) for d in spacing), unit  # type: ignore[return-value]
+
+
+def _series_yx(series: Any, path: Path, what: str) -> tuple[int, tuple[int, int]]:
+    """Number of slices and (Y, X) of a tifffile series; InputError for colour or 5D data."""
+    shape = tuple(int(n) for n in series.shape)
+    axes = str(series.axes)
+    if "S" in axes and shape[axes.index("S")] > 1:
+        raise InputError(
+            f"{what} is a colour (RGB) image with shape {shape} ({axes}); ctpore needs grayscale slices",
+            path,
+        )
+    if len(shape) < 2:
+        raise InputError(f"{what} has shape {shape}; ctpore needs 2D slices", path)
+    lead = [n for n, ax in zip(shape[:-2], axes[:-2]) if n != 1 and ax != "S"]
+    if len(lead) > 1:
+        raise InputError(
+            f"{what} holds a {axes} hyperstack of shape {shape}; ctpore needs one grayscale "
+            "3D stack (Z, Y, X): keep one channel and one time point",
+            path,
+        )
+    return (lead[0] if lead else 1), (shape[-2], shape[-1])
+
+
+class TiffStackReader:
+    """One TIFF file: pages as slices, or a single 3D page / contiguous ImageJ stack."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.tif = tifffile.TiffFile(str(path))
+            series = self.tif.series[0]
+            n, (y, x) = _series_yx(series, path, "the image")
+            if n == 1:
+                # One 2D image, or pages of different shapes split into several series.
+                if len(self.tif.series) > 1:
+                    first = self.tif.series[0].shape
+                    for idx, other in enumerate(self.tif.series[1:], start=1):
+                        if tuple(other.shape) != tuple(first):
+                            raise InputError(
+                                f"page {idx} has shape {tuple(other.shape)} but page 0 has "
+                                f"{tuple(first)}; every slice must have the same (Y, X) shape",
+                                path,
+                            )
+                raise InputError(
+                    f"holds a 2D image (shape {tuple(series.shape)}); ctpore needs a 3D stack "
+                    "(a multi-page TIFF or a folder of slices)",
+                    path,
+                )
+            self.dtype = np.dtype(series.dtype)
+            check_grayscale_dtype(self.dtype, path)
+            self.shape = (n, y, x)
+            pages = series.pages
+            self.paged = len(pages) == n and tuple(series.keyframe.shape) == (y, x)
+            self.whole: np.ndarray | None = None
+            if not self.paged:
+                self.whole = np.asarray(series.asarray()).reshape(self.shape)
+            spacing, unit = _imagej_spacing(self.tif, self.tif.pages[0])
+            file_shape = tuple(int(v) for v in series.shape)
+            check_3d(self.shape, path, file_shape)
+        except (InputError, MemoryError):
+            self.close()
+            raise
+        except Exception as exc:
+            self.close()
+            raise InputError(f"is not a readable TIFF file ({reason(exc)})", path) from exc
+        self.geometry = Geometry(
+            format="tiff",
+            shape=self.shape,
+            spacing_mm=spacing,
+            slice_axis=0,
+            file_shape=file_shape,
+            permutation=(0, 1, 2),
+            units=unit,
+        )
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if self.whole is not None:
+            return self.whole[start:stop]
+        if stop <= start:
+            return np.empty((0,) + self.shape[1:], self.dtype)
+        data = self.tif.asarray(key=range(start, stop), series=0)
+        return np.asarray(data).reshape((stop - start,) + self.shape[1:])
+
+    def close(self) -> None:
+        tif = getattr(self, "tif", None)
+        if tif is not None:
+            tif.close()
+        self.tif = None
+        self.whole = None
+
+    def __del__(self) -> None:
+        # A Scan that is dropped without close() must not leak its open TIFF file.
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class TiffFolderReader:
+    """A folder of single-slice TIFF files, in natural order."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            names = [
+                p for p in path.iterdir()
+                if p.is_file() and not p.name.startswith(".") and p.name.lower().endswith(TIFF_SUFFIXES)
+            ]
+        except OSError as exc:
+            raise InputError(f"cannot list the folder ({reason(exc)})", path) from exc
+        if not names:
+            raise InputError(f"the folder holds no .tif/.tiff slices; {SUPPORTED_HELP}", path)
+        self.files = sorted(names, key=lambda p: natural_key(p.name))
+        shape_yx: tuple[int, int] | None = None
+        dtype: np.dtype | None = None
+        for i, f in enumerate(self.files):
+            if f.stat().st_size == 0:
+                raise InputError(f"slice file {f.name} is empty (0 bytes)", path)
+            try:
+                with tifffile.TiffFile(str(f)) as tif:
+                    series = tif.series[0]
+                    n, yx = _series_yx(series, path, f"slice file {f.name}")
+                    if n != 1 or len(tif.series) > 1:
+                        raise InputError(
+                            f"slice file {f.name} holds several images (shape {tuple(series.shape)}); "
+                            "each file of a slice folder must hold one 2D slice",
+                            path,
+                        )
+                    if i == 0:
+                        spacing, unit = _imagej_spacing(tif, tif.pages[0])
+                        dtype = np.dtype(series.dtype)
+                        check_grayscale_dtype(dtype, path)
+            except (InputError, MemoryError):
+                raise
+            except Exception as exc:
+                raise InputError(f"slice file {f.name} is not a readable TIFF ({reason(exc)})", path) from exc
+            if shape_yx is None:
+                shape_yx = yx
+            elif yx != shape_yx:
+                raise InputError(
+                    f"slice file {f.name} has shape {yx} but {self.files[0].name} has {shape_yx}; "
+                    "every slice must have the same (Y, X) shape",
+                    path,
+                )
+        self.shape = (len(self.files),) + shape_yx  # type: ignore[operator]
+        self.dtype = dtype
+        check_3d(self.shape, path, self.shape)
+        self.geometry = Geometry(
+            format="tiff",
+            shape=self.shape,
+            spacing_mm=spacing,
+            slice_axis=0,
+            file_shape=self.shape,
+            permutation=(0, 1, 2),
+            units=unit,
+        )
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((max(0, stop - start),) + self.shape[1:], self.dtype)  # (n, Y, X)
+        for i in range(start, stop):
+            f = self.files[i]
+            try:
+                data = np.asarray(tifffile.imread(str(f)))
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise InputError(f"slice file {f.name} cannot be read ({reason(exc)})", self.path) from exc
+            if data.shape != self.shape[1:]:
+                raise InputError(
+                    f"slice file {f.name} has shape {data.shape}, expected {self.shape[1:]}", self.path
+                )
+            out[i - start] = data
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def write_tiff(tmp: Path, data_zyx: np.ndarray, geometry: Geometry) -> None:
+    if data_zyx.dtype not in _IMAGEJ_DTYPES:
+        raise InputError(
+            f"TIFF output supports {', '.join(str(d) for d in _IMAGEJ_DTYPES)}; got {data_zyx.dtype}"
+        )
+    kwargs: dict[str, Any] = {"imagej": True, "metadata": {"axes": "ZYX"}}
+    if geometry.units != "unknown":
+        z, y, x = (d * 1000.0 for d in geometry.spacing_mm)  # micrometres
+        kwargs["resolution"] = (1.0 / x, 1.0 / y)
+        kwargs["metadata"].update(spacing=z, unit="um")
+    tifffile.imwrite(str(tmp), np.ascontiguousarray(data_zyx), **kwargs)
+
+

@@ -1,0 +1,121 @@
+"""Writing volumes: :func:`save_volume`, whole or not at all (through :func:`ctpore.atomic.atomic_write`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+
+from ctpore.atomic import atomic_write
+from ctpore.data.io.formats import file_kind, reason
+from ctpore.data.io.geometry import Geometry
+from ctpore.data.io.nifti import nifti_image
+from ctpore.data.io.tiff import write_tiff
+from ctpore.errors import InputError, NonFiniteError
+
+__all__ = ["save_volume"]
+
+
+def _cast_exact(volume: np.ndarray, dtype: np.dtype, path: Path) -> np.ndarray:
+    """``volume`` as ``dtype`` without changing any value; ValueError/NonFiniteError otherwise."""
+    if volume.dtype == dtype:
+        arr = volume
+    elif dtype.kind in "iu":
+        if volume.dtype.kind == "f" and volume.size:
+            if not np.isfinite(volume).all():
+                raise NonFiniteError(f"volume for {path.name} has NaN or Inf voxels; not written")
+            if not np.array_equal(volume, np.round(volume)):
+                raise ValueError(f"volume for {path.name} has non-integer values; cannot store as {dtype}")
+        if volume.size:
+            info = np.iinfo(dtype)
+            lo, hi = volume.min(), volume.max()
+            if lo < info.min or hi > info.max:
+                raise ValueError(
+                    f"volume for {path.name} has values in [{lo}, {hi}], outside the range of {dtype}"
+                )
+        arr = volume.astype(dtype)
+    else:
+        arr = volume.astype(dtype)
+    if dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+        raise NonFiniteError(f"volume for {path.name} has NaN or Inf voxels; not written")
+    return arr
+
+
+
+def save_volume(
+    path: str | Path, volume: np.ndarray, geometry: Geometry, dtype: Any = None
+) -> Path:
+    """Write a ``(Z, Y, X)`` volume in the input's voxel order, whole or not at all.
+
+    Parameters
+    ----------
+    path : str or Path
+        Ends with ``.nii``/``.nii.gz`` (NIfTI) or ``.tif``/``.tiff`` (ImageJ TIFF stack with
+        spacing in µm). An existing file is replaced.
+    volume : numpy.ndarray
+        ``(Z, Y, X)``; its shape must equal ``geometry.shape``.
+    geometry : Geometry
+        From the scan the volume was computed from (or :func:`geometry_from_array`).
+    dtype : numpy dtype, optional
+        Stored voxel type (e.g. ``np.uint8`` for pores, ``np.float32`` for probabilities);
+        default: the volume's (bool -> uint8). Values must fit exactly: no scaling is applied.
+
+    Returns
+    -------
+    Path
+        The written file.
+
+    Notes
+    -----
+    NIfTI from a NIfTI input: the inverse of the read permutation restores the file's voxel
+    order (3D; squeezed singleton dimensions are not restored); the header is the input's with
+    the data type changed, ``scl_slope``/``scl_inter`` reset (values stored as given) and
+    ``cal_min``/``cal_max`` reset; affine, qform/sform matrices and codes, pixdim and
+    ``xyzt_units`` are unchanged. From TIFF or array geometry: data in (i=x, j=y, k=z) order,
+    ``affine = diag(x, y, z, 1)`` in mm, qform and sform codes both 1 (scanner).
+    TIFF: pages are the Z slices.
+
+    The data goes through :func:`atomic_write`: a temporary file in the same folder, renamed
+    over ``path`` when complete, removed on any failure.
+
+    Raises
+    ------
+    InputError
+        Unsupported output suffix; the folder is missing, not a folder, or not writable; the
+        write failed (e.g. disk full). The message names the folder.
+    ValueError
+        Shape differs from the geometry, or values do not fit ``dtype``.
+    NonFiniteError
+        NaN/Inf in the volume.
+    """
+    path = Path(path)
+    kind = file_kind(path) if not path.is_dir() else "folder"
+    if kind not in ("nifti", "tiff"):
+        raise InputError(
+            "output must end with .nii, .nii.gz, .tif or .tiff", path
+        )
+    volume = np.asarray(volume)
+    if tuple(volume.shape) != tuple(geometry.shape):
+        raise ValueError(
+            f"volume shape {tuple(volume.shape)} differs from the geometry's (Z, Y, X) {geometry.shape}"
+        )
+    if dtype is None:
+        target = np.dtype(np.uint8) if volume.dtype == np.bool_ else volume.dtype
+    else:
+        target = np.dtype(dtype)
+    if target == np.bool_:
+        target = np.dtype(np.uint8)
+    data = _cast_exact(volume, target, path)
+
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        with atomic_write(path) as tmp:
+            if kind == "nifti":
+                nib.save(nifti_image(data, geometry), str(tmp))
+            else:
+                write_tiff(tmp, data, geometry)
+    except OSError as exc:
+        raise InputError(f"could not write {path.name} ({reason(exc)})", folder) from exc
+    return path

@@ -1,0 +1,187 @@
+"""``ctpore bench quality``: PoreFormer beside the methods users would pick instead.
+
+Cases: simulated scans whose seeds (from :data:`ctpore.data.splits.BENCH_SEED_BASE` on) no
+training config can reach, plus the real Leopard sandstone pore geometry scanned by the simulator.
+Methods: plain Otsu; the Fiji pipeline (median + Otsu + speck removal); a 2D U-Net slice by slice;
+a 3D U-Net; PoreFormer — the U-Nets trained on the same simulated data with the same budget.
+A real unlabelled scan adds each method's porosity and Euler number and a picture.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+from ctpore.data.calibration import ReliabilityCounter, apply_calibration
+from ctpore.data.io import read_label, read_volume
+from ctpore.data.metrics import comparison_metrics, euler_number, porosity
+from ctpore.data.normalize import normalize_volume
+from ctpore.data.splits import BENCH_SEED_BASE
+from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
+from ctpore.errors import InputError
+from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
+from ctpore.models.unet import predict_unet
+from ctpore.models.weights import load_model, load_unet, read_postprocessing, weights_dir
+from ctpore.pipelines.reconstruct import reconstruct
+from ctpore.progress import ProgressFn
+
+__all__ = ["METHODS", "LABELS", "Runner", "bench_cases", "bench_quality", "default_shared"]
+
+METHODS = ("otsu", "filtered_otsu", "unet2d", "unet3d", "poreformer")
+LABELS = {
+    "otsu": "Otsu",
+    "filtered_otsu": "Filtered Otsu (median + Otsu + specks, Fiji)",
+    "unet2d": "2D U-Net, slice by slice (MONAI)",
+    "unet3d": "3D U-Net (MONAI)",
+    "poreformer": "PoreFormer",
+}
+
+
+def _n_params(model) -> int:
+    return int(sum(p.numel() for p in model.parameters()))
+
+
+class Runner:
+    """Holds the loaded models; ``run(method, scan) -> (prob, pores, seconds)``."""
+
+    def __init__(self, methods=METHODS, device: str = "cpu", weights: Optional[Path] = None):
+        self.device = device
+        self.models: dict = {}
+        self.post: dict = {}
+        self.params: dict = {m: 0 for m in methods}
+        self.poreformer_weights: Optional[Path] = None
+        wdir = Path(weights) if weights is not None else weights_dir()
+        for m in methods:
+            if m in ("unet2d", "unet3d"):
+                path = wdir / f"{m}.safetensors"
+                self.models[m] = load_unet(path)
+                self.post[m] = read_postprocessing(path)  # chosen on validation scans at export
+                self.params[m] = _n_params(self.models[m])
+            elif m == "poreformer":
+                path = wdir / "poreformer.safetensors"
+                if not path.exists():
+                    raise InputError("no PoreFormer weights; train them with configs/train.yaml",
+                                     path=path)
+                self.poreformer_weights = path
+                self.params[m] = _n_params(load_model(path))
+
+    def run(self, method: str, scan: np.ndarray):
+        t0 = time.perf_counter()
+        if method in ("otsu", "filtered_otsu"):
+            vol = normalize_volume(scan)
+            if method == "otsu":
+                pores, _ = otsu_segment(vol)
+            else:
+                pores, _ = otsu_segment(vol, median_size=3, min_size=OTSU_MIN_SIZE)
+            prob = pores.astype(np.float32)
+        elif method in ("unet2d", "unet3d"):
+            model, post = self.models[method], self.post[method]
+            prob = predict_unet(model, normalize_volume(scan), device=self.device)
+            pores = (prob >= post.threshold).astype(np.uint8)  # on the raw probability
+            if post.min_size > 1:
+                pores = clean_specks(pores, post.min_size)
+            if post.calibration is not None:
+                apply_calibration(prob, post.calibration, out=prob)
+        else:
+            res = reconstruct(scan, method="poreformer", weights=self.poreformer_weights,
+                              device=self.device)
+            prob, pores = res.probability, res.pores
+        return prob, pores, time.perf_counter() - t0
+
+
+def bench_cases(n_sim: int = 8, size: int = 64, leopard: Optional[Union[str, os.PathLike]] = None,
+                seed_base: int = BENCH_SEED_BASE, zoom_max: float = 1.0):
+    """Yield ``(name, scan, truth)`` for the held-out benchmark cases (simulated from ``seed_base``;
+    with ``zoom_max`` > 1, half of them with features enlarged, as :func:`~ctpore.data.synthetic.draw_zoom`)."""
+    for i in range(n_sim):
+        zoom = draw_zoom(seed_base + i, zoom_max)
+        scan, truth, info = make_pair(seed_base + i, shape=(size,) * 3, zoom=zoom)
+        tag = f", ×{zoom:.1f}" if zoom != 1.0 else ""
+        yield f"sim-{i:02d} ({info.get('family', '?')}, φ={float(truth.mean()):.2f}{tag})", scan, truth
+    if leopard is not None:
+        label = read_label(leopard)
+        rng = np.random.default_rng(BENCH_SEED_BASE + 999)
+        yield "Leopard sandstone (simulated scan)", scan_label(label, rng), label
+
+
+def default_shared() -> Optional[Path]:
+    """``../shared/data`` beside the repository (or $CTPORE_SHARED_DATA), when present."""
+    env = os.environ.get("CTPORE_SHARED_DATA")
+    cands = [Path(env)] if env else []
+    repo = Path(__file__).resolve().parents[2]  # pipelines/bench/quality.py -> the repository
+    cands.append(repo.parent / "shared" / "data")
+    for c in cands:
+        if c.is_dir():
+            return c
+    return None
+
+
+def bench_quality(
+    n_sim: int = 8,
+    size: int = 64,
+    leopard: Optional[Union[str, os.PathLike]] = None,
+    real_scan: Optional[Union[str, os.PathLike]] = None,
+    methods=METHODS,
+    device: str = "cpu",
+    progress: ProgressFn = None,
+    weights: Optional[Union[str, os.PathLike]] = None,
+    seed_base: int = BENCH_SEED_BASE,
+    zoom_max: float = 1.0,
+) -> dict:
+    """Score every method on every case; return the per-case rows, the means and the real scan.
+
+    ``weights`` is a folder holding ``poreformer``/``unet2d``/``unet3d.safetensors`` (default:
+    the shipped ones in ``models/weights``), so candidate weights are scored before they ship.
+    ``seed_base`` moves the simulated cases to another seed range (e.g. further unseen scans to
+    decide between candidates on, so that the held-out cases are never used for that); ``zoom_max``
+    > 1 enlarges the features of half the simulated cases (coarser structures than the default
+    benchmark's, as at a finer voxel size).
+    """
+    if seed_base < 0:
+        raise InputError(f"the seed base must be >= 0, got {seed_base}")
+    draw_zoom(0, zoom_max)  # a bad zoom_max is an InputError before any weights load
+    runner = Runner(methods, device, None if weights is None else Path(weights))
+    cases = list(bench_cases(n_sim, size, leopard, seed_base, zoom_max))
+    total = len(cases) * len(methods) + (len(methods) if real_scan else 0)
+    done = 0
+    rows = []
+    reliability = {m: ReliabilityCounter() for m in methods}
+    for name, scan, truth in cases:
+        for m in methods:
+            prob, pores, secs = runner.run(m, scan)
+            r = comparison_metrics(pores, truth, prob=prob)
+            reliability[m].add(prob, truth)
+            rows.append({"case": name, "method": m, "seconds": secs, **r})
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{m} on {name}")
+    summary = {}
+    for m in methods:
+        mr = [r for r in rows if r["method"] == m]
+        summary[m] = {k: float(np.mean([r[k] for r in mr]))
+                      for k in ("mse", "dice", "euler_error_rel", "porosity_error", "seconds")}
+        summary[m]["params"] = runner.params[m]
+        rel = reliability[m].summary()
+        summary[m]["calibration_ece"], summary[m]["calibration_max_gap"] = rel["ece"], rel["max_gap"]
+    real = None
+    if real_scan is not None:
+        vol, geom = read_volume(real_scan)
+        real = {"path": str(real_scan), "methods": {}, "pores": {}}
+        for m in methods:
+            prob, pores, secs = runner.run(m, vol)
+            real["methods"][m] = {"porosity": porosity(pores), "euler_number": euler_number(pores),
+                                  "seconds": secs}
+            real["pores"][m] = pores
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{m} on the real scan")
+        real["volume"] = vol
+    return {"rows": rows, "summary": summary, "real": real, "n_sim": n_sim, "size": size, "seed_base": seed_base,
+            "zoom_max": zoom_max, "leopard": str(leopard) if leopard else None, "torch": torch.__version__,
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}

@@ -1,0 +1,224 @@
+"""The training loop: one function of its config, checkpointed, resumable to the same weights.
+
+The batch of step ``s`` is drawn from ``np.random.default_rng([seed, s])`` and torch is re-seeded
+at every step, so a run resumed from a checkpoint ends with exactly the weights of an
+uninterrupted one. A checkpoint is one safetensors file (model and AdamW tensors; step, config
+and history as JSON metadata): nothing is unpickled. Validation logs MSE, Dice, Euler error and
+the attention entropy per head.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from ctpore.atomic import atomic_write
+from ctpore.data.metrics import comparison_metrics
+from ctpore.errors import InputError, NonFiniteError
+from ctpore.models.attention import attention_entropy as head_entropy
+from ctpore.models.losses import loss_terms, total_loss
+from ctpore.models.poreformer import PoreFormer
+from ctpore.models.poreformer_config import PoreFormerConfig
+from ctpore.models.unet import build_unet
+from ctpore.models.weights import load_checkpoint, save_checkpoint
+from ctpore.pipelines.train.batches import Pool, labelled_pool, make_augmenter, make_batch, simulated_pool
+from ctpore.pipelines.train.config import DATA_KEYS_ADDED, TrainConfig, config_to_dict
+from ctpore.progress import ProgressFn
+
+__all__ = ["build_model", "predict_full", "attention_entropy", "validate", "TrainResult", "lr_at", "train"]
+
+
+def build_model(cfg: TrainConfig) -> nn.Module:
+    """The network a config names, freshly initialised (seeded by ``cfg.seed``)."""
+    torch.manual_seed(cfg.seed)
+    if cfg.model == "poreformer":
+        return PoreFormer(PoreFormerConfig(**cfg.model_config))
+    return build_unet({"kind": cfg.model, **cfg.model_config})
+
+
+def check_finite(step: int, **tensors: torch.Tensor) -> None:
+    """Raise :class:`NonFiniteError` naming the first tensor with a NaN/Inf."""
+    for name, t in tensors.items():
+        if not torch.isfinite(t).all():
+            bad = int((~torch.isfinite(t)).sum())
+            raise NonFiniteError(f"step {step}: {name} has {bad} non-finite value(s); "
+                                 "training stopped (lower the learning rate or check the data)")
+
+
+@torch.inference_mode()
+def predict_full(model: nn.Module, scan: np.ndarray, device) -> np.ndarray:
+    x = torch.from_numpy(np.ascontiguousarray(scan, np.float32))[None].to(device)
+    return torch.sigmoid(model(x))[0].float().cpu().numpy()
+
+
+def attention_entropy(model: nn.Module, x: torch.Tensor) -> Optional[list]:
+    """Mean attention entropy per head (nats), averaged over layers and pixels; None for a U-Net.
+
+    The seed's over/under-fitting diagnostic: validation entropy well below training entropy
+    suggests memorising, well above suggests the heads have not learnt where to look.
+    """
+    maps_fn = getattr(model, "attention_maps", None)
+    if maps_fn is None:
+        return None
+    b, z, y, w = x.shape
+    ys, xs = slice(0, y, max(1, y // 8)), slice(0, w, max(1, w // 8))  # an 8x8 grid of pixels
+    maps = maps_fn(x, region=(ys, xs))  # per layer (B, Ry, Rx, H, Z, Z)
+    per_layer = [head_entropy(m.flatten(0, 2)) for m in maps]  # (H,) each
+    return [float(v) for v in torch.stack(per_layer).mean(0)]
+
+
+def validate(model: nn.Module, pool: Pool, device) -> dict:
+    model.eval()
+    rows = []
+    for scan, truth in zip(pool.scans, pool.truths):
+        prob = predict_full(model, scan, device)
+        rows.append(comparison_metrics((prob >= 0.5).astype(np.uint8), truth.astype(np.uint8), prob=prob))
+    model.train()
+    keys = ("mse", "dice", "euler_error_rel", "porosity_error")
+    return {f"val_{k}": float(np.mean([r[k] for r in rows])) for k in keys}
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    history: list
+    checkpoint: Path
+    steps: int
+    seconds: float
+    config: TrainConfig
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up then cosine decay to 5% of the peak."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def train(
+    cfg: TrainConfig,
+    run_dir: Union[str, os.PathLike],
+    *,
+    resume: bool = True,
+    images_dir=None,
+    labels_dir=None,
+    device: str = "cpu",
+    stop_after: Optional[int] = None,
+    progress: ProgressFn = None,
+) -> TrainResult:
+    """Train a model as ``cfg`` says, checkpointing into ``run_dir``.
+
+    Parameters
+    ----------
+    cfg : TrainConfig
+    run_dir : path
+        Holds ``checkpoint.safetensors`` and ``history.jsonl``; an existing checkpoint is resumed
+        (when ``resume``) and must come from the same config.
+    images_dir, labels_dir : path, optional
+        Train on labelled scans (matched by sorted name) instead of simulated ones.
+    device : str
+    stop_after : int, optional
+        Stop (after checkpointing) once this step is reached, as an interruption would.
+    progress : callable, optional
+        ``progress(step, steps, "train loss=...")``.
+    """
+    t0 = time.perf_counter()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dev = torch.device(device)
+    if images_dir is not None or labels_dir is not None:
+        if images_dir is None or labels_dir is None:
+            raise InputError("give both --images and --labels")
+        cfg = copy.deepcopy(cfg)
+        cfg.data.source = "labelled"
+        train_pool = labelled_pool(images_dir, labels_dir, progress)
+        val_pool = Pool(train_pool.scans[:1], train_pool.truths[:1], train_pool.names[:1])
+    else:
+        train_pool = simulated_pool(cfg.data, progress=progress)
+        val_pool = simulated_pool(cfg.data, val=True, progress=progress)
+
+    model = build_model(cfg).to(dev)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    ckpt = run_dir / "checkpoint.safetensors"
+    history: list = []
+    start = 0
+    if resume and ckpt.exists():
+        start, history, saved_cfg = load_checkpoint(ckpt, model, opt)
+        saved_cfg = {**saved_cfg, "data": {**DATA_KEYS_ADDED, **saved_cfg.get("data", {})}}
+        # ``threads`` is how the run is executed, not what it computes: it may change on resume.
+        if {**saved_cfg, "threads": 0} != {**config_to_dict(cfg), "threads": 0}:
+            raise InputError("this run folder holds a checkpoint of a different config; use another "
+                             "--run-dir or --no-resume", path=ckpt)
+    augment = make_augmenter() if cfg.data.augment else None
+    use_amp = cfg.amp and dev.type == "cuda"
+
+    step = start
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    while step < end:
+        torch.manual_seed(cfg.seed * 1_000_003 + step)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        x, y, z_first, margins = make_batch(train_pool, cfg, step, augment)
+        x, y = x.to(dev), y.to(dev)
+        # PoreFormer makes tokens for the crop only and reads the margins as context; a U-Net
+        # runs on the whole window and its logits are cropped: both see the same input.
+        kw = {"z0": z_first, "margins": margins} if cfg.model == "poreformer" else {}
+        try:
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
+                logits = model(x, **kw)
+                if cfg.model != "poreformer" and any(margins):
+                    mt, mb, ml, mr = margins
+                    logits = logits[..., mt:logits.shape[-2] - mb, ml:logits.shape[-1] - mr]
+        except NonFiniteError as exc:  # the model's own guard names the layer and tensor
+            raise NonFiniteError(f"step {step}: {exc}; training stopped (lower the learning rate "
+                                 "or check the data)") from None
+        logits = logits.float()
+        terms = loss_terms(logits, y, cfg.loss)
+        loss = total_loss(terms, cfg.loss)
+        check_finite(step, logits=logits, **{f"loss term '{k}'": v for k, v in terms.items()})
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        check_finite(step, gradient_norm=gnorm)
+        opt.step()
+        step += 1
+        rec: dict[str, Any] = {"step": step, "loss": loss.item(), **{k: v.item() for k, v in terms.items()},
+                               "lr": lr_at(step - 1, cfg)}
+        if step % cfg.val_every == 0 or step == cfg.steps:
+            rec.update(validate(model, val_pool, dev))
+            ent_t = attention_entropy(model, x[:1])
+            vx = torch.from_numpy(val_pool.scans[0][: cfg.data.crop[0], : cfg.data.crop[1], : cfg.data.crop[2]])
+            ent_v = attention_entropy(model, vx[None].to(dev))
+            if ent_t is not None:
+                rec["attn_entropy_train"], rec["attn_entropy_val"] = ent_t, ent_v
+        if "val_mse" in rec or step % 10 == 0:
+            history.append(rec)
+        if step % cfg.ckpt_every == 0 or step == end:
+            save_checkpoint(ckpt, model, opt, step, config_to_dict(cfg), history)
+        if progress is not None:
+            progress(step, cfg.steps, "train")
+    with atomic_write(run_dir / "history.jsonl") as tmp, open(tmp, "w") as fh:
+        for rec in history:
+            fh.write(json.dumps(rec) + "\n")
+    return TrainResult(model=model, history=history, checkpoint=ckpt, steps=step,
+                       seconds=time.perf_counter() - t0, config=cfg)
+
+
+#: Speck sizes (voxels) tried when choosing the post-processing on validation scans.
