@@ -1,0 +1,112 @@
+"""The house rules, checked on the source: layers point down, no cycles, no private imports.
+
+``app -> pipelines -> models, data``; ``models`` and ``data`` never import ``pipelines`` or
+``app``; ``data`` never imports ``models``. The top-level plumbing (``errors``, ``progress``,
+``atomic``) imports nothing of ctpore but ``errors``. No module imports a private name
+(``_x``) of another module, and no two modules import each other, directly or in a ring.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUMBING = {"errors", "progress", "atomic"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("tests", "build", "dist") or rel.parts[0].startswith("."):
+            continue
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(["ctpore", *parts])] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str]]]:
+    """``(module imported, names taken from it)`` for every ctpore import in a module, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.startswith("ctpore"):
+                names = [a.name for a in node.names]
+                # ``from ctpore.pkg import submodule`` imports the submodule
+                subs = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in MODULES]
+                found += [(s, []) for s in subs]
+                found.append((mod, [n for n in names if f"{mod}.{n}" not in MODULES]))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name.startswith("ctpore")]
+    return found
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "top"
+
+
+def test_the_source_tree_was_found():
+    assert {"ctpore.models.poreformer", "ctpore.pipelines.reconstruct", "ctpore.data.io.scan",
+            "ctpore.app.cli", "ctpore.errors"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_layers_point_down_and_no_private_names_are_imported(name):
+    allowed = {
+        "app": {"app", "pipelines", "models", "data", "configs", "top"},
+        "pipelines": {"pipelines", "models", "data", "configs", "top"},
+        "models": {"models", "top"},
+        "data": {"data", "top"},
+        "configs": {"top"},
+    }
+    layer = _layer(name) if name.split(".")[1:2] != [] and name.split(".")[1] in allowed else "top"
+    for mod, names in _imports(name, MODULES[name]):
+        target = mod.split(".")[1] if len(mod.split(".")) > 1 and mod.split(".")[1] in allowed else "top"
+        if layer == "top":
+            assert mod in ("ctpore", "ctpore.errors") or name == "ctpore", f"{name} imports {mod}"
+        else:
+            assert target in allowed[layer], f"{name} ({layer}) imports {mod} ({target})"
+        private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+        assert not private, f"{name} imports private {private} from {mod}"
+
+
+def test_no_import_cycles():
+    graph = {name: {m for m, _ in _imports(name, path) if m in MODULES and m != name}
+             for name, path in MODULES.items()}
+    # a package's __init__ importing its own submodules (to re-export them) is not a cycle
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                ring = stack[stack.index(m):] + [m]
+                raise AssertionError("import cycle: " + " -> ".join(ring))
+            if m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
