@@ -15,10 +15,14 @@ __all__ = ["KVCache"]
 class KVCache:
     """Keys and values of earlier slices for one attention layer, for streaming.
 
-    With a window ``W`` it keeps the last ``W - 1`` positions (a slice never needs more). With
-    ``window=None`` it keeps every position, in a buffer that grows by doubling (or is sized
-    once from ``capacity``), so appending a chunk costs only that chunk's copy; memory then
-    grows with the number of slices seen.
+    With a window ``W`` it keeps the last ``W - 1`` positions (a slice never needs more), in a
+    buffer allocated once. With ``window=None`` it keeps every position, in a buffer that grows
+    by doubling (or is sized once from ``capacity``), so appending a chunk costs only that
+    chunk's copy; memory then grows with the number of slices seen.
+
+    A chunk may be processed in bands of sequences (pixel columns): :meth:`extend` with
+    ``rows`` reads and updates only those sequences, and :meth:`commit` then advances the cache
+    by the chunk's length once every band is done.
 
     Parameters
     ----------
@@ -37,7 +41,7 @@ class KVCache:
     def __init__(self, window: int | None, capacity: int | None = None):
         self.window = window
         self.capacity = capacity
-        self._k: torch.Tensor | None = None  # window: (B, Zc, Hkv, D); None: (B, cap, Hkv, D)
+        self._k: torch.Tensor | None = None  # (B, slots, Hkv, D): W - 1 slots, or the capacity
         self._v: torch.Tensor | None = None
         self._len = 0
         self.next_z: int | None = None
@@ -48,65 +52,81 @@ class KVCache:
     @property
     def k(self) -> torch.Tensor | None:
         """Cached keys ``(B, Zc, Hkv, D)`` (None before the first chunk)."""
-        return self._view(self._k)
+        return None if self._k is None else self._k[:, : self._len]
 
     @property
     def v(self) -> torch.Tensor | None:
         """Cached values ``(B, Zc, Hkv, D)`` (None before the first chunk)."""
-        return self._view(self._v)
+        return None if self._v is None else self._v[:, : self._len]
 
-    def _view(self, buf: torch.Tensor | None) -> torch.Tensor | None:
-        if buf is None:
-            return None
-        return buf if self.window is not None else buf[:, : self._len]
+    def _slots(self, extra: int) -> int:
+        if self.window is not None:
+            return max(self.window - 1, 0)
+        return max(self._len + extra, self.capacity or 0)
 
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rows: slice | None = None,
+        n_rows: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this chunk's keys/values; return all keys/values the chunk's queries need.
 
         Parameters
         ----------
         k, v : torch.Tensor
-            ``(B, Zq, Hkv, D)`` of the new positions.
+            ``(B, Zq, Hkv, D)`` of the new positions (``B`` = the band's sequences with ``rows``).
+        rows : slice, optional
+            The band of sequences ``k`` and ``v`` belong to. Without it the chunk is whole and
+            the cache advances at once; with it the caller calls :meth:`commit` after the last
+            band of the chunk.
+        n_rows : int, optional
+            The total number of sequences (needed with ``rows`` on the first chunk).
 
         Returns
         -------
         tuple of torch.Tensor
             ``(B, Zc + Zq, Hkv, D)`` each: cached positions followed by the new ones.
         """
-        if self._k is not None and self._k.shape[0] != k.shape[0]:
+        b, zq, h, d = k.shape
+        total = b if rows is None else n_rows if self._k is None else self._k.shape[0]
+        if total is None:
+            raise ValueError("the first chunk streamed in bands needs n_rows, the number of sequences")
+        if self._k is not None and self._k.shape[0] != total:
             raise ValueError(
-                f"KV cache holds {self._k.shape[0]} sequences, got {k.shape[0]}: one cache per tile"
+                f"KV cache holds {self._k.shape[0]} sequences, got {total}: one cache per tile"
             )
+        sel = slice(None) if rows is None else rows
+        slots = self._slots(zq)
+        if self._k is None or (self.window is None and slots > self._k.shape[1]):
+            self._grow(total, max(slots, 2 * (0 if self._k is None else self._k.shape[1])), h, d, k)
+        old_k, old_v = self._k[sel, : self._len], self._v[sel, : self._len]
         if self.window is None:
-            return self._append(k, v)
-        if self._k is None:
-            k_all, v_all = k, v
+            self._k[sel, self._len : self._len + zq] = k
+            self._v[sel, self._len : self._len + zq] = v
+            k_all, v_all = self._k[sel, : self._len + zq], self._v[sel, : self._len + zq]
         else:
-            k_all = torch.cat([self._k, k], dim=1)  # (B, Zc+Zq, Hkv, D)
-            v_all = torch.cat([self._v, v], dim=1)
-        zk = k_all.shape[1]
-        keep = min(zk, self.window - 1)
-        # Copy, so the cache does not pin the larger (Zc + Zq) buffer.
-        self._k = k_all[:, zk - keep :].clone()
-        self._v = v_all[:, zk - keep :].clone()
-        self._len = keep
+            k_all = torch.cat([old_k, k], dim=1) if self._len else k  # (B, Zc+Zq, Hkv, D)
+            v_all = torch.cat([old_v, v], dim=1) if self._len else v
+            keep = min(k_all.shape[1], slots)
+            if keep:
+                self._k[sel, :keep] = k_all[:, k_all.shape[1] - keep :]
+                self._v[sel, :keep] = v_all[:, v_all.shape[1] - keep :]
+        if rows is None:
+            self.commit(zq)
         return k_all, v_all
 
-    def _append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Full cache: write into a (B, cap, Hkv, D) buffer, grown by doubling."""
-        b, zq, h, d = k.shape
-        need = self._len + zq
-        cap = 0 if self._k is None else self._k.shape[1]
-        if need > cap:
-            new_cap = max(need, 2 * cap, self.capacity or 0)
-            bufs = []
-            for old in (self._k, self._v):
-                buf = k.new_empty((b, new_cap, h, d))
-                if old is not None and self._len:
-                    buf[:, : self._len].copy_(old[:, : self._len])
-                bufs.append(buf)
-            self._k, self._v = bufs
-        self._k[:, self._len : need].copy_(k)
-        self._v[:, self._len : need].copy_(v)
-        self._len = need
-        return self._k[:, :need], self._v[:, :need]
+    def commit(self, zq: int) -> None:
+        """Advance the cache by a chunk of ``zq`` positions (after its last band)."""
+        new = self._len + zq
+        self._len = new if self.window is None else min(new, max(self.window - 1, 0))
+
+    def _grow(self, n: int, slots: int, h: int, d: int, like: torch.Tensor) -> None:
+        bufs = []
+        for old in (self._k, self._v):
+            buf = like.new_empty((n, max(slots, 1), h, d))
+            if old is not None and self._len:
+                buf[:, : self._len].copy_(old[:, : self._len])
+            bufs.append(buf)
+        self._k, self._v = bufs

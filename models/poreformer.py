@@ -1,24 +1,32 @@
-"""PoreFormer: per-slice 2D encoder, causal attention across slices, a pore logit per voxel.
+"""PoreFormer: a per-slice 2D U-Net with causal attention across slices at every scale.
 
-The model treats each pixel column ``(y, x)`` of a CT stack as a sequence of tokens over the
-slices ``z`` (one token of ``d_model`` = 64 features per voxel)::
+Every pixel column ``(y, x)`` of a CT stack is a sequence of tokens, one per slice ``z``; a
+causal inter-slice multi-head attention (d_model 64, 4 heads, a z-position encoding added into
+V) runs on the full-resolution tokens and learns how pore channels run from slice to slice. The
+in-plane work around it is a small 2D U-Net applied to each slice on its own, with an
+inter-slice attention block at its coarse levels too (as video U-Nets put temporal attention at
+every level), so most of the compute and the long in-plane and slice-to-slice reach sit at
+1/4 and 1/8 of the resolution::
 
-    x (B, Z, Y, X)
-      -> encoder: 2D convs on each slice alone           (B*Z, C, Y, X)   in-plane context only
-         + context branch (optional): each slice average-pooled by ``context_scale``, dilated
-           3x3 convs on the pooled grid, bilinear upsampling, added to the tokens (far reach)
-      -> tokens across slices: sequences (B*Y*X, Z, C), stored slice-major (Z, B*Y*X, C)
-      -> n_layers x block:
-             t = t + Attn(LN(t)),  V = W_v LN(t) + pos_enc(z)   (causal, optional window W)
-             t = t + FC2(GELU(DWConv3x3_inplane(FC1(LN(t)))))   (nothing crosses slices)
-      -> LN, linear                                      (B, Z, Y, X) logits
+    x (B, Z, Y, X)  -> slices as a batch (Z*B, 1, Y, X)
+      stem   3x3 conv (full resolution, stem_channels)
+      down   per level l = 1..L: stride-2 3x3 conv, 3x3 conv   (1/2, 1/4, 1/8, ...)
+             + level_attention[l] blocks across slices on the level's pixel columns
+      up     bilinear x2 and a 1x1 conv fusing the skip, back to 1/2
+      tokens d_model = 1x1(up(1/2 features)) + 1x1(stem features)   (full resolution)
+      n_layers x  t = t + Attn(LN(t)),  V = W_v LN(t) + pos_enc(z)   (causal, window W)
+      head   LN, linear -> (B, Z, Y, X) logits
 
 Nothing but the attention looks across slices, and the attention only looks back, so the
-output at slice ``z`` depends on slices ``<= z`` only (and, with a window ``W``, on slices
-``z-W+1 ... z`` of the attention input; stacked layers reach ``n_layers * (W-1)`` slices back).
-In the plane every pixel sees a square of radius :attr:`PoreFormerConfig.halo`; only the
-blocks' share of it (:attr:`PoreFormerConfig.block_reach`) needs tokens, the rest is read by
-the per-slice convs, so a streamed tile makes tokens for its core plus a few pixels only.
+output at slice ``z`` depends on slices ``<= z`` only. Tokens are kept column-major,
+``(B*Y*X, Z, C)``: the layout attention kernels read and write without copies.
+
+All convolutions pad by replicating the edge, so the plane's border creates no structure; a
+plane whose size is not a multiple of :attr:`PoreFormerConfig.align` is padded the same way at
+its bottom and right. In the plane every output pixel sees a square of radius
+:attr:`PoreFormerConfig.halo`, so tiles read with that halo (starting on multiples of
+:attr:`PoreFormerConfig.align`) stitch exactly; only the tile's core becomes full-resolution
+tokens (:attr:`PoreFormerConfig.token_halo` is 0).
 
 There is no BatchNorm or GroupNorm: statistics mixed over slices or over the tile would break
 causality and make a tiled, streamed prediction differ from the full pass. The only norm is a
@@ -31,6 +39,8 @@ Streaming passes the chunk offset ``z0`` so a chunk sees the same encoding as th
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,6 +51,10 @@ from ctpore.models.kv_cache import KVCache
 from ctpore.models.poreformer_config import PoreFormerConfig
 
 __all__ = ["PoreFormer", "PoreFormerConfig", "z_features"]
+
+#: Full-resolution tokens processed at a time in inference (a band of rows of the tile): bounds
+#: the working memory of the full-resolution part and keeps its tensors in the CPU's caches.
+_BAND_TOKENS = 1 << 17
 
 
 def z_features(
@@ -80,96 +94,91 @@ def z_features(
     return torch.cat([torch.sin(ang), torch.cos(ang)], dim=-1).to(dtype)  # (n, n_features)
 
 
-def _plane_conv(h: torch.Tensor, conv: nn.Conv2d, plane: tuple[int, int, int]) -> torch.Tensor:
-    """Apply a 2D conv in the plane of each slice to slice-major tokens ``(Z, B*Y*X, C)``.
-
-    The tokens' memory is ``(Z, B, Y, X, C)``, i.e. a channels-last image batch, so this is a
-    view, a conv and a view: no copies.
-    """
-    b, y, x = plane
-    z, n, c = h.shape
-    img = h.reshape(z * b, y, x, c).permute(0, 3, 1, 2)  # (Z*B, C, Y, X), channels-last
-    out = conv(img)  # (Z*B, C', Y, X)
-    return out.permute(0, 2, 3, 1).reshape(z, n, out.shape[1])  # (Z, B*Y*X, C')
-
-
 def _gelu(h: torch.Tensor) -> torch.Tensor:
     """GELU, in place when no gradient is recorded (saves a large allocation in inference)."""
     return F.gelu(h) if torch.is_grad_enabled() else torch.ops.aten.gelu_(h)
 
 
-def _add(t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``t + u``, in place into ``t`` when no gradient is recorded."""
-    return t + u if torch.is_grad_enabled() else t.add_(u)
+def _conv(c_in: int, c_out: int, stride: int = 1, dilation: int = 1) -> nn.Conv2d:
+    """3x3 conv that pads by replicating the edge (a border is not a structure)."""
+    return nn.Conv2d(c_in, c_out, 3, stride=stride, padding=dilation, dilation=dilation,
+                     padding_mode="replicate")
+
+
+def _channels_last(h: torch.Tensor) -> torch.Tensor:
+    return h.contiguous(memory_format=torch.channels_last)
+
+
+def _up2(h: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """Rows ``rows`` and columns ``cols`` of the bilinear x2 upsampling of ``h`` to ``size``.
+
+    Equal to ``interpolate(h, size=size, mode="bilinear")[..., r0:r1, c0:c1]`` (half-pixel
+    centres, edges clamped) but upsamples only the part of ``h`` those pixels read.
+    """
+    (r0, r1), (c0, c1) = rows, cols
+    hy, hx = h.shape[-2:]
+    a0, a1 = max(0, r0 // 2 - 1), min(hy, (r1 - 1) // 2 + 2)
+    b0, b1 = max(0, c0 // 2 - 1), min(hx, (c1 - 1) // 2 + 2)
+    part = h[:, :, a0:a1, b0:b1]
+    # The part's own edges are clamped; crop by one coarse pixel where it is not the real edge.
+    out = F.interpolate(part, scale_factor=2, mode="bilinear", align_corners=False)
+    out = out[:, :, : min(2 * a1, size[0]) - 2 * a0, : min(2 * b1, size[1]) - 2 * b0]
+    return out[:, :, r0 - 2 * a0 : r1 - 2 * a0, c0 - 2 * b0 : c1 - 2 * b0]
 
 
 class Block(nn.Module):
-    """Pre-norm inter-slice block: attention (z encoding in V), then a per-slice MLP."""
+    """Pre-norm inter-slice block on column-major tokens ``(N, Z, C)``: attention (z encoding
+    in V), then, where ``mlp_hidden`` > 0, a per-token MLP."""
 
-    def __init__(self, cfg: PoreFormerConfig, name: str):
+    def __init__(self, d: int, cfg: PoreFormerConfig, n_kv_heads: int | None, window: int | None,
+                 mlp_hidden: int, name: str):
         super().__init__()
         self.name = name
-        d = cfg.d_model
         self.ln1 = nn.LayerNorm(d)
         self.attn = MultiHeadAttention(
-            d, cfg.n_heads, cfg.n_kv_heads, causal=cfg.causal, window=cfg.window,
+            d, cfg.n_heads, n_kv_heads, causal=cfg.causal, window=window,
             dropout=cfg.dropout, backend=cfg.attention_backend, name=f"{name}.attn",
         )
         # V = W_v x + pos_enc(z), pos_enc(z) = W_pos sinusoidal(z): one vector per kv head.
-        self.pos = nn.Linear(cfg.pos_features, self.attn.kv_dim, bias=False) if cfg.pos_in_v \
-            else None
-        self.ln2 = nn.LayerNorm(d)
-        hidden = cfg.mlp_hidden
-        self.fc1 = nn.Linear(d, hidden)
-        self.dw = (
-            nn.Conv2d(hidden, hidden, cfg.dwconv_kernel, padding=cfg.dwconv_kernel // 2,
-                      groups=hidden)
-            if cfg.mlp_dwconv else None
-        )
-        self.fc2 = nn.Linear(hidden, d)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.pos = nn.Linear(cfg.pos_features, self.attn.kv_dim, bias=False) if cfg.pos_in_v else None
+        self.mlp = None
+        if mlp_hidden:
+            self.mlp = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, mlp_hidden), nn.GELU(),
+                                     nn.Linear(mlp_hidden, d), nn.Dropout(cfg.dropout))
 
-    def forward(
-        self,
-        t: torch.Tensor,
-        plane: tuple[int, int, int],
-        zfeat: torch.Tensor,
-        cache: KVCache | None = None,
-        need_weights: bool = False,
-        check: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Slice-major tokens ``t`` (Zq, B*Y*X, C) -> same shape, and attention weights if asked.
+    def forward(self, t: torch.Tensor, zfeat: torch.Tensor, cache: KVCache | None = None,
+                need_weights: bool = False, check: bool = False, rows: slice | None = None,
+                n_rows: int | None = None):
+        """Tokens ``(N, Zq, C)`` -> same shape, and the attention weights ``(N, H, Zq, Zk)`` if asked.
 
-        ``plane`` is ``(B, Y, X)``; ``zfeat`` the ``(Zq, pos_features)`` z features.
+        ``rows``/``n_rows``: ``t`` is that band of the tile's columns (see :meth:`KVCache.extend`).
         """
         pos_v = self.pos(zfeat) if self.pos is not None else None  # (Zq, Hkv*D)
-        # The attention sees sequences (N, Zq, C): a transposed view, no copy.
-        a = self.attn(self.ln1(t).transpose(0, 1), pos_v=pos_v, cache=cache,
-                      need_weights=need_weights, check=check)
+        a = self.attn(self.ln1(t), pos_v=pos_v, cache=cache, need_weights=need_weights, check=check,
+                      cache_rows=rows, n_rows=n_rows)
         w = None
         if need_weights:
             a, w = a
-        t = _add(t, a.transpose(0, 1))  # (Zq, N, C)
-        h = self.fc1(self.ln2(t))  # (Zq, N, hidden)
-        if self.dw is not None:
-            h = _plane_conv(h, self.dw, plane)
-        t = _add(t, self.drop(self.fc2(_gelu(h))))
+        t = t + a if torch.is_grad_enabled() else t.add_(a)
+        if self.mlp is not None:
+            m = self.mlp(t)
+            t = t + m if torch.is_grad_enabled() else t.add_(m)
         if check:
             check_finite(t, self.name, "output")
         return t, w
 
 
 class PoreFormer(nn.Module):
-    """Causal inter-slice transformer giving a pore logit per voxel.
+    """Causal inter-slice transformer on a per-slice 2D U-Net, giving a pore logit per voxel.
 
     Parameters
     ----------
     config : PoreFormerConfig, optional
-        Default: ``PoreFormerConfig()`` (60,865 parameters).
+        Default: ``PoreFormerConfig()``, the shipped architecture.
 
     Examples
     --------
-    >>> model = PoreFormer(PoreFormerConfig(n_layers=1)).eval()
+    >>> model = PoreFormer(PoreFormerConfig(level_channels=(8, 8), level_attention=(0, 1))).eval()
     >>> x = torch.randn(1, 6, 10, 12)  # (B, Z, Y, X), already normalized
     >>> model(x).shape
     torch.Size([1, 6, 10, 12])
@@ -178,30 +187,28 @@ class PoreFormer(nn.Module):
     def __init__(self, config: PoreFormerConfig | None = None):
         super().__init__()
         self.config = cfg = config if config is not None else PoreFormerConfig()
-        layers: list[nn.Module] = []
-        c_in = 1
-        for c in cfg.encoder_channels:
-            layers += [nn.Conv2d(c_in, c, cfg.encoder_kernel, padding=cfg.encoder_kernel // 2),
-                       nn.GELU()]
-            c_in = c
-        layers.append(nn.Conv2d(c_in, cfg.d_model, 1))  # each pixel -> a d_model token
-        self.encoder = nn.Sequential(*layers)
-        # In-plane context: each slice average-pooled by context_scale (mean and local standard
-        # deviation), dilated 3x3 convs on the pooled grid, projected to d_model and upsampled
-        # bilinearly into the tokens. Cheap (1/scale^2 of the pixels) and it reaches far: the
-        # background level under beam-hardening cupping, the pore-size scale, the noise level.
-        self.context: nn.Sequential | None = None
-        self.context_proj: nn.Conv2d | None = None
-        if cfg.context_scale:
-            ctx: list[nn.Module] = []
-            c_in = 2
-            for c, dil in zip(cfg.context_channels, cfg.context_dilations):
-                ctx += [nn.Conv2d(c_in, c, 3, padding=dil, dilation=dil), nn.GELU()]
-                c_in = c
-            self.context = nn.Sequential(*ctx)
-            self.context_proj = nn.Conv2d(c_in, cfg.d_model, 1)
-        self.blocks = nn.ModuleList(Block(cfg, f"blocks.{i}") for i in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model)
+        chans = (cfg.stem_channels, *cfg.level_channels)
+        self.stem = _conv(1, cfg.stem_channels)
+        self.down = nn.ModuleList(_conv(chans[lv - 1], chans[lv], stride=2) for lv in range(1, len(chans)))
+        self.conv = nn.ModuleList(
+            _conv(chans[lv], chans[lv], dilation=cfg.level_dilation if lv == cfg.n_levels else 1)
+            for lv in range(1, len(chans))
+        )
+        self.level_blocks = nn.ModuleList(
+            nn.ModuleList(
+                Block(c, cfg, None, cfg.level_window, int(round(c * cfg.mlp_ratio)), f"level{lv}.{i}")
+                for i in range(n)
+            )
+            for lv, (c, n) in enumerate(zip(cfg.level_channels, cfg.level_attention), start=1)
+        )
+        self.fuse = nn.ModuleList(nn.Conv2d(chans[lv + 1] + chans[lv], chans[lv], 1) for lv in range(1, cfg.n_levels))
+        self.up_proj = nn.Conv2d(chans[1], cfg.d_model, 1)
+        self.stem_proj = nn.Conv2d(cfg.stem_channels, cfg.d_model, 1)
+        self.blocks = nn.ModuleList(
+            Block(cfg.d_model, cfg, cfg.n_kv_heads, cfg.window, 0, f"blocks.{i}") for i in range(cfg.n_layers)
+        )
+        # The head reads the residual stream directly (no norm in between), so in inference the
+        # last block's output projection folds into it (see _fold_last_block).
         self.head = nn.Linear(cfg.d_model, 1)
 
     # ---------------------------------------------------------------------------------------
@@ -212,18 +219,44 @@ class PoreFormer(nn.Module):
 
     @property
     def token_halo(self) -> int:
-        """In-plane radius of the blocks alone: the token margin a tile needs around its core."""
-        return self.config.block_reach
+        """Token margin a tile needs around its core (see :attr:`PoreFormerConfig.token_halo`)."""
+        return self.config.token_halo
 
     @property
     def align(self) -> int:
         """Tile windows must start on multiples of this (see :attr:`PoreFormerConfig.align`)."""
         return self.config.align
 
+    def _attention_blocks(self) -> list[Block]:
+        return [b for level in self.level_blocks for b in level] + list(self.blocks)
+
+    @property
+    def attention_block_names(self) -> list[str]:
+        """Names of the attention blocks, in the order of :meth:`new_cache` and :meth:`attention_maps`."""
+        return [b.name for b in self._attention_blocks()]
+
     @property
     def attention_backend(self) -> str:
-        """The backend the attention layers run (resolved, never ``auto``)."""
-        return self.blocks[0].attn.backend if len(self.blocks) else "none"
+        """The backend the full-resolution attention runs (resolved, never ``auto``)."""
+        blocks = self._attention_blocks()
+        return self.blocks[0].attn.backend if len(self.blocks) else (blocks[0].attn.backend if blocks else "none")
+
+    def backends_ran(self) -> str:
+        """The attention kernels that really ran since the model was built (or :meth:`reset_backends_ran`).
+
+        ``"flash"``, ``"sdpa"`` or ``"math"``; where several ran (say flash at full resolution
+        and sdpa for a shape flash refuses), joined by ``+``, the most used first; ``"none"``
+        before any call.
+        """
+        total: Counter = Counter()
+        for blk in self._attention_blocks():
+            total.update(blk.attn.ran)
+        return "+".join(k for k, _ in total.most_common()) or "none"
+
+    def reset_backends_ran(self) -> None:
+        """Forget which kernels ran (see :meth:`backends_ran`)."""
+        for blk in self._attention_blocks():
+            blk.attn.ran.clear()
 
     def n_params(self) -> int:
         """Number of trainable parameters."""
@@ -231,22 +264,57 @@ class PoreFormer(nn.Module):
 
     def set_attention_backend(self, name: str) -> None:
         """Switch every attention layer to backend ``name`` (weights unchanged)."""
-        resolved = resolve_backend(name, self.config.d_model // self.config.n_heads)
-        for blk in self.blocks:
-            blk.attn.backend = resolved
+        for blk in self._attention_blocks():
+            blk.attn.backend = resolve_backend(name, blk.attn.head_dim)
             blk.attn.requested_backend = name
         self.config.attention_backend = name
 
+    def inference_bytes(self, window: tuple[int, int], core: tuple[int, int], chunk: int,
+                        dtype_bytes: int = 4) -> int:
+        """Working memory (bytes) of streaming one tile: a ``window`` read for a ``core``, ``chunk``
+        slices at a time, caches included (an estimate from the activations' sizes; the
+        allocator's slack is left to the caller's margin).
+
+        Parameters
+        ----------
+        window, core : (int, int)
+            ``(rows, columns)`` of the tile's window (core plus halo) and of its core.
+        chunk : int
+            Slices per forward call.
+        """
+        cfg = self.config
+        wpx, cpx = window[0] * window[1], core[0] * core[1]
+        # Floats per window pixel and slice alive at the peak of the per-slice 2D part: the
+        # input and its padding, the stem features (kept to the end) with a padded copy and
+        # the conv output, each level's maps (three at a time), the projected 1/2 features.
+        per_px = 2 + 3 * cfg.stem_channels + 2 * cfg.d_model / 4
+        per_px += sum(3 * c / 4**lv for lv, c in enumerate(cfg.level_channels, start=1))
+        per_px += sum(n * (6 * c + 2 * c * cfg.mlp_ratio) / 4**lv
+                      for lv, (c, n) in enumerate(zip(cfg.level_channels, cfg.level_attention), start=1))
+        act = chunk * wpx * per_px
+        # One band of full-resolution tokens: up + stem projections, tokens, norm, q, k/v with
+        # the cached ones, the attention output and the head.
+        kv = (cfg.n_kv_heads or cfg.n_heads) * (cfg.d_model // cfg.n_heads)
+        band_tokens = min(_BAND_TOKENS, chunk * cpx)
+        w = cfg.window or 64
+        band = band_tokens * (5 * cfg.d_model + 2 * kv * (1 + (w - 1) / max(chunk, 1)) + 8)
+        # KV caches: W - 1 slices of keys and values per attention block.
+        caches = cfg.n_layers * (w - 1) * cpx * 2 * kv
+        lw = cfg.level_window or 64
+        caches += sum(n * (lw - 1) * (wpx / 4**lv) * 2 * c
+                      for lv, (c, n) in enumerate(zip(cfg.level_channels, cfg.level_attention), start=1))
+        return int(dtype_bytes * (act + band + caches))
+
     def new_cache(self, capacity: int | None = None) -> list[KVCache]:
-        """Fresh per-layer KV caches for streaming one tile through the slices.
+        """Fresh KV caches (one per attention block) for streaming one tile through the slices.
 
         Parameters
         ----------
         capacity : int, optional
-            Number of slices that will be streamed; lets a full cache (``window=None``)
-            allocate once instead of growing.
+            Number of slices that will be streamed; lets a full cache (window None) allocate
+            once instead of growing.
         """
-        return [KVCache(self.config.window, capacity) for _ in self.blocks]
+        return [KVCache(b.attn.window, capacity) for b in self._attention_blocks()]
 
     # ---------------------------------------------------------------------------------------
     def forward(
@@ -269,9 +337,9 @@ class PoreFormer(nn.Module):
             From :meth:`new_cache`; when given, ``x`` continues the slices already seen
             (``z0`` must be where the previous chunk ended) and the caches are updated.
         margins : (top, bottom, left, right), optional
-            Pixels at the edges of ``x`` that are read only as in-plane context (the tile halo
-            beyond :attr:`token_halo`): the logits cover ``x`` without them, and only that
-            region becomes tokens. Default: none (logits for every pixel of ``x``).
+            Pixels at the edges of ``x`` that are read only as in-plane context (the tile halo):
+            the logits cover ``x`` without them, and only that region becomes full-resolution
+            tokens. Default: none.
 
         Returns
         -------
@@ -288,7 +356,7 @@ class PoreFormer(nn.Module):
         z0: int = 0,
         region: tuple[int | slice, int | slice] | None = None,
     ) -> list[torch.Tensor]:
-        """Per-layer, per-head attention weights, computed with the explicit (math) path.
+        """Per-block, per-head attention weights, computed with the explicit (math) path.
 
         Parameters
         ----------
@@ -298,44 +366,53 @@ class PoreFormer(nn.Module):
             Absolute index of the first slice.
         region : (ys, xs), optional
             Pixels to keep, ints or slices over Y and X (an int keeps a length-1 axis).
-            Default: every pixel (memory ``B*Y*X*H*Z*Z`` floats per layer).
+            Default: every pixel.
 
         Returns
         -------
         list of torch.Tensor
-            One per layer, ``(B, Ry, Rx, H, Z, Z)``: ``[..., h, zq, zk]`` is how much slice
-            ``zq`` of that pixel column attends to slice ``zk`` in head ``h``.
+            One per attention block, in the order of :attr:`attention_block_names` (coarse
+            levels first, then the full-resolution blocks), ``(B, Ry, Rx, H, Z, Z)``:
+            ``[..., h, zq, zk]`` is how much slice ``zq`` of that pixel column attends to slice
+            ``zk`` in head ``h``. A coarse level's block attends over its own pixel columns;
+            each pixel gets the column that contains it.
         """
         _, maps = self._run(x, z0, None, need_weights=True)
         b, _z, y, xx = x.shape
         ys, xs = (slice(None), slice(None)) if region is None else region
-        ys = slice(ys, ys + 1) if isinstance(ys, int) else ys
-        xs = slice(xs, xs + 1) if isinstance(xs, int) else xs
+        ys = torch.arange(y)[slice(ys, ys + 1) if isinstance(ys, int) else ys]
+        xs = torch.arange(xx)[slice(xs, xs + 1) if isinstance(xs, int) else xs]
         out = []
-        for w in maps:  # (B*Y*X, H, Z, Z)
-            out.append(w.view(b, y, xx, *w.shape[1:])[:, ys, xs].clone())
+        for scale, (hy, hx), w in maps:  # w: (B*hy*hx, H, Z, Z)
+            w = w.view(b, hy, hx, *w.shape[1:])
+            out.append(w[:, ys // scale][:, :, xs // scale].clone())
         return out
 
-    def _context(self, img: torch.Tensor) -> torch.Tensor:
-        """Context features ``(N, d_model, Y, X)`` of slices ``img`` ``(N, 1, Y, X)``.
+    def _fold_last_block(self):
+        """``(W_t, W_a, b)`` with ``head(t + proj(a)) = t @ W_t + a @ W_a + b``, or None.
 
-        The pooling grid starts at ``img``'s first pixel, so a tile must start on a multiple of
-        :attr:`align`; the last partial cell is filled by replicating the edge pixels, which a
-        tile ending at the plane's edge does exactly as the full pass does.
+        Valid when the last full-resolution block is attention only (its output is
+        ``t + proj(a)``) and the head reads it directly, as here: the fold saves the output
+        projection and the residual add over every full-resolution token.
         """
-        s = self.config.context_scale
-        y, xx = img.shape[-2:]
-        py, px = (-y) % s, (-xx) % s
-        if py or px:
-            img = F.pad(img, (0, px, 0, py), mode="replicate")
-        mean = F.avg_pool2d(img, s)
-        var = (F.avg_pool2d(img * img, s) - mean * mean).clamp_min(0.0)
-        c = torch.cat([mean, torch.sqrt(var + 1e-6)], dim=1)
-        for layer in self.context:
-            c = _gelu(c) if isinstance(layer, nn.GELU) else layer(c)
-        c = self.context_proj(c)  # project before upsampling: both are linear, this is cheaper
-        c = F.interpolate(c, scale_factor=s, mode="bilinear", align_corners=False)
-        return c[:, :, :y, :xx]
+        if not len(self.blocks) or self.blocks[-1].mlp is not None or self.training:
+            return None
+        proj, head = self.blocks[-1].attn.proj, self.head
+        w_t = head.weight.t()  # (C, 1)
+        w_a = (head.weight @ proj.weight).t()  # (C, 1)
+        bias = head.bias + (head.weight @ proj.bias if proj.bias is not None else 0.0)
+        return w_t, w_a, bias
+
+    # ---------------------------------------------------------------------------------------
+    def _level_attention(self, h, blocks, z, b, zfeat, caches, need_weights, check, maps, scale):
+        """Run a level's attention blocks on the pixel columns of the map ``h`` (Z*B, C, hy, hx)."""
+        _, c, hy, hx = h.shape
+        t = h.permute(0, 2, 3, 1).reshape(z, b * hy * hx, c).transpose(0, 1).contiguous()  # (N, Z, C)
+        for blk in blocks:
+            t, w = blk(t, zfeat, None if caches is None else caches.pop(0), need_weights, check)
+            if w is not None:
+                maps.append((scale, (hy, hx), w))
+        return _channels_last(t.transpose(0, 1).reshape(z * b, hy, hx, c).permute(0, 3, 1, 2))
 
     def _run(
         self,
@@ -344,60 +421,99 @@ class PoreFormer(nn.Module):
         cache: list[KVCache] | None,
         need_weights: bool,
         margins: tuple[int, int, int, int] | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    ):
         cfg = self.config
         if not torch.is_tensor(x) or x.dim() != 4:
             shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
             raise InputError(f"PoreFormer takes a (B, Z, Y, X) tensor, got {shape}")
         if not x.is_floating_point():
             raise InputError(f"PoreFormer takes a float tensor, got {x.dtype}")
+        blocks = self._attention_blocks()
         if cache is not None:
-            if len(cache) != len(self.blocks):
-                raise ValueError(f"need {len(self.blocks)} KV caches, got {len(cache)}")
+            if len(cache) != len(blocks):
+                raise ValueError(f"need {len(blocks)} KV caches, got {len(cache)}")
             for c in cache:
                 if c.next_z is not None and c.next_z != z0:
-                    raise ValueError(
-                        f"this chunk starts at slice {z0} but the KV cache ends at {c.next_z}"
-                    )
+                    raise ValueError(f"this chunk starts at slice {z0} but the KV cache ends at {c.next_z}")
         check = cfg.check_finite if cfg.check_finite is not None else self.training
         b, z, y, xx = x.shape
         mt, mb, ml, mr = (0, 0, 0, 0) if margins is None else (int(m) for m in margins)
         oy, ox = y - mt - mb, xx - ml - mr  # the token region
         if min(mt, mb, ml, mr) < 0 or oy < 1 or ox < 1:
             raise ValueError(f"margins {margins} do not leave a region of the {y} x {xx} input")
-        # Slices outermost: (Z*B, 1, Y, X). Features then live as (Z, B, Y, X, C) in memory, a
-        # channels-last image batch for the in-plane convs and slice-major tokens (Z, N, C)
-        # for the rest, so no layout copies are needed between them.
-        img = x.transpose(0, 1).reshape(z * b, 1, y, xx)
-        # The encoder reads the token region plus its own reach (or up to x's edge, which is
-        # the plane's edge whenever a margin is shorter than the reach).
-        e = cfg.encoder_reach
-        et, eb, el, er = min(mt, e), min(mb, e), min(ml, e), min(mr, e)
-        h = img[:, :, mt - et : y - mb + eb, ml - el : xx - mr + er]
-        for layer in self.encoder:
-            h = _gelu(h) if isinstance(layer, nn.GELU) else layer(h)
-            if isinstance(layer, nn.Conv2d):
-                h = h.contiguous(memory_format=torch.channels_last)  # no-op after the first
-        if et or eb or el or er:
-            h = h[:, :, et : et + oy, el : el + ox]
-        if self.context is not None:
-            h = _add(h, self._context(img)[:, :, mt : mt + oy, ml : ml + ox])
-        if check:
-            check_finite(h, "encoder", "output")
-        y, xx = oy, ox
-        t = h.permute(0, 2, 3, 1).reshape(z, b * y * xx, h.shape[1])  # (Z, N, C)
         zfeat = z_features(z0, z, cfg.pos_features, cfg.pos_max_period, x.device, x.dtype)
-        maps: list[torch.Tensor] = []
-        for i, blk in enumerate(self.blocks):
-            t, w = blk(t, (b, y, xx), zfeat, None if cache is None else cache[i],
-                       need_weights, check)
-            if w is not None:
-                maps.append(w)
+        caches = None if cache is None else list(cache)
+        maps: list = []
+
+        # Slices outermost: (Z*B, 1, Y, X), padded to the coarsest grid at the bottom/right.
+        img = x.transpose(0, 1).reshape(z * b, 1, y, xx)
+        a = cfg.align
+        py, px = (-y) % a, (-xx) % a
+        if py or px:
+            img = F.pad(img, (0, px, 0, py), mode="replicate")
+        s0 = _channels_last(_gelu(self.stem(img)))  # (Z*B, C0, Y', X')
+        if check:
+            check_finite(s0, "encoder", "output")
+        feats, h = [s0], s0
+        for lv in range(cfg.n_levels):
+            h = _channels_last(_gelu(self.down[lv](h)))
+            h = _channels_last(_gelu(self.conv[lv](h)))
+            if len(self.level_blocks[lv]):
+                h = self._level_attention(h, self.level_blocks[lv], z, b, zfeat, caches, need_weights,
+                                          check, maps, 2 ** (lv + 1))
+            feats.append(h)
+        u = feats[-1]
+        for lv in range(cfg.n_levels - 1, 0, -1):  # back up to 1/2 resolution
+            skip = feats[lv]
+            u = F.interpolate(u, size=skip.shape[-2:], mode="bilinear", align_corners=False)
+            u = _channels_last(_gelu(self.fuse[lv - 1](torch.cat([u, skip], dim=1))))
+        u = self.up_proj(u)  # (Z*B, d, Y'/2, X'/2): projected before upsampling (both are linear)
+        # Full-resolution tokens, attention and head, in bands of rows of the token region: the
+        # working memory of this part follows the band, not the tile.
+        d = cfg.d_model
+        per_band = _BAND_TOKENS * (32 if x.is_cuda else 1)  # a GPU wants large launches
+        band = oy if torch.is_grad_enabled() else max(1, min(oy, per_band // max(1, b * ox * z)))
+        full = [None if caches is None else caches.pop(0) for _ in self.blocks]
+        logits = torch.empty((b, z, oy, ox), dtype=x.dtype, device=x.device)
+        for r0 in range(0, oy, band):
+            r1 = min(oy, r0 + band)
+            rows = slice(b * ox * r0, b * ox * r1) if b == 1 else None
+            if rows is None and band < oy:
+                raise ValueError("band processing needs a batch of one")
+            up = _up2(u, (mt + r0, mt + r1), (ml, xx - mr), s0.shape[-2:])  # (Z*B, d, rb, ox)
+            st = self.stem_proj(s0[:, :, mt + r0 : mt + r1, ml : xx - mr])
+            if check:
+                check_finite(up, "decoder", "output")
+            rb = r1 - r0
+            if torch.is_grad_enabled():
+                tok = (up + st).permute(0, 2, 3, 1).reshape(z, b * rb * ox, d).transpose(0, 1).contiguous()
+            else:  # column-major (B*rb*ox, Z, d), written by the add itself
+                tok = torch.empty((b, rb, ox, z, d), dtype=up.dtype, device=up.device)
+                torch.add(up.permute(0, 2, 3, 1).reshape(z, b, rb, ox, d),
+                          st.permute(0, 2, 3, 1).reshape(z, b, rb, ox, d), out=tok.permute(3, 0, 1, 2, 4))
+                tok = tok.view(b * rb * ox, z, d)
+            band_rows = rows if band < oy else None
+            fold = self._fold_last_block() if not (torch.is_grad_enabled() or need_weights or check) else None
+            for i, (blk, c) in enumerate(zip(self.blocks, full)):
+                if fold is not None and i == len(self.blocks) - 1:
+                    break
+                tok, w = blk(tok, zfeat, c, need_weights, check, band_rows, b * oy * ox)
+                if w is not None:
+                    maps.append((1, (oy, ox), w))
+            if fold is None:
+                lg = self.head(tok)  # (N, Z, 1)
+            else:  # head(t + proj(a)) = head(t) + (head . proj)(a): no projection, no residual add
+                last, (w_t, w_a, bias) = self.blocks[-1], fold
+                a = last.attn(last.ln1(tok), pos_v=None if last.pos is None else last.pos(zfeat), cache=full[-1],
+                              cache_rows=band_rows, n_rows=b * oy * ox, project_out=False)
+                lg = torch.addmm(bias, tok.view(-1, d), w_t).addmm_(a.reshape(-1, d), w_a)
+            logits[:, :, r0:r1] = lg.view(b, rb, ox, z).permute(0, 3, 1, 2)
         if cache is not None:
-            for cc in cache:
-                cc.next_z = z0 + z
-        logits = self.head(self.norm(t))  # (Z, N, 1)
-        logits = logits.view(z, b, y, xx).transpose(0, 1).contiguous()  # (B, Z, Y, X)
+            if band < oy:
+                for c in full:
+                    c.commit(z)
+            for c in cache:
+                c.next_z = z0 + z
         if check:
             check_finite(logits, "head", "logits")
-        return logits, maps
+        return logits, [(s, hw, w) for s, hw, w in maps]

@@ -1,9 +1,8 @@
 """PoreFormer's hyper-parameters: one dataclass, saved inside every weights file.
 
-The dataclass defaults are a plain base that a config overrides field by field; the model that
-ships (and that ``ctpore bench speed`` times) is described in ``configs/model.yaml``, read by
-:meth:`PoreFormerConfig.from_yaml` with no argument. A weights file stores the whole config it
-was trained with, so changing a default never changes a trained model.
+The dataclass defaults are the shipped model; ``configs/model.yaml`` describes it field by field
+and :meth:`PoreFormerConfig.from_yaml` reads it. A weights file stores the whole config it was
+trained with, so changing a default never changes a trained model.
 """
 
 from __future__ import annotations
@@ -27,31 +26,31 @@ SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "model.yam
 class PoreFormerConfig:
     """PoreFormer's hyper-parameters; saved with the weights. The shipped model: ``from_yaml()``."""
 
-    d_model: int = 64  # token width per voxel (small per-pixel features)
-    n_heads: int = 4  # query heads; head size d_model / n_heads = 16
-    n_kv_heads: int | None = None  # key/value heads for GQA (1 = MQA); None = n_heads
-    n_layers: int = 2  # inter-slice attention blocks
-    window: int | None = None  # look-back W: slice z attends to z-W+1..z; None = all earlier
+    # The full-resolution tokens and their inter-slice attention
+    d_model: int = 64  # token width per voxel at full resolution
+    n_heads: int = 4  # query heads of every attention block; head size = width / n_heads
+    n_kv_heads: int | None = 1  # key/value heads of the full-resolution attention (1: multi-query)
+    n_layers: int = 1  # attention blocks on the full-resolution tokens
+    window: int | None = 8  # their look-back W: slice z attends to z-W+1..z; None = all earlier
     causal: bool = True  # a slice sees only itself and earlier slices (needed for streaming)
     attention_backend: str = "auto"  # "auto" | "flash" | "sdpa" | "math"; math is the reference
     dropout: float = 0.0  # on attention weights and residual branches, only while training
-    encoder_channels: tuple[int, ...] = (16, 32)  # one k x k conv + GELU per entry, per slice
-    encoder_kernel: int = 3  # odd kernel size of the encoder convs
-    context_scale: int = 0  # in-plane context branch: average-pool factor (>= 2); 0 = off
-    context_channels: tuple[int, ...] = (16, 32, 32)  # one 3x3 conv + GELU per entry, pooled
-    context_dilations: tuple[int, ...] = (1, 2, 4)  # dilation of each context conv (pooled px)
-    mlp_ratio: float = 1.0  # MLP hidden width = round(d_model * mlp_ratio)
-    mlp_dwconv: bool = True  # in-plane depthwise conv inside each MLP (widens the halo)
-    dwconv_kernel: int = 3  # odd kernel size of that depthwise conv
+    # The per-slice 2D U-Net around them (all in-plane work, most of it at coarse scales)
+    stem_channels: int = 16  # 3x3 conv features at full resolution
+    level_channels: tuple[int, ...] = (32, 64, 64)  # channels at 1/2, 1/4, 1/8 resolution, ...
+    level_attention: tuple[int, ...] = (0, 1, 1)  # inter-slice attention blocks at each level
+    level_window: int | None = 24  # look-back of the coarse levels' attention
+    level_dilation: int = 2  # dilation of the second 3x3 conv at the coarsest level
+    mlp_ratio: float = 2.0  # MLP width of the coarse levels' attention blocks, per channel
+    # The z-position encoding added into V
     pos_in_v: bool = True  # add the z-position encoding into V (False: no z encoding at all)
     pos_features: int = 16  # number of sinusoidal features of z (even: sin and cos pairs)
     pos_max_period: float = 10000.0  # longest sinusoid period, in slices
     check_finite: bool | None = None  # NaN/Inf guard per layer: None = on in training only
 
     def __post_init__(self) -> None:
-        self.encoder_channels = tuple(int(c) for c in self.encoder_channels)
-        self.context_channels = tuple(int(c) for c in self.context_channels)
-        self.context_dilations = tuple(int(d) for d in self.context_dilations)
+        self.level_channels = tuple(int(c) for c in self.level_channels)
+        self.level_attention = tuple(int(n) for n in self.level_attention)
         bad = []
 
         def need(ok: bool, msg: str) -> None:
@@ -62,76 +61,55 @@ class PoreFormerConfig:
         bad += attention_problems(self.d_model, self.n_heads, self.n_kv_heads, self.causal, self.window,
                                   self.dropout)
         need(self.n_layers >= 0, f"n_layers must be >= 0, got {self.n_layers}")
-        need(all(c >= 1 for c in self.encoder_channels),
-             f"encoder_channels must be >= 1, got {list(self.encoder_channels)}")
-        need(self.encoder_kernel >= 1 and self.encoder_kernel % 2 == 1,
-             f"encoder_kernel must be odd, got {self.encoder_kernel}")
-        need(self.dwconv_kernel >= 1 and self.dwconv_kernel % 2 == 1,
-             f"dwconv_kernel must be odd, got {self.dwconv_kernel}")
-        need(self.context_scale == 0 or self.context_scale >= 2,
-             f"context_scale must be 0 (off) or an integer >= 2, got {self.context_scale}")
-        if self.context_scale:
-            need(len(self.context_channels) >= 1 and all(c >= 1 for c in self.context_channels),
-                 f"context_channels must be >= 1, got {list(self.context_channels)}")
-            need(len(self.context_dilations) == len(self.context_channels)
-                 and all(d >= 1 for d in self.context_dilations),
-                 "context_dilations needs one dilation >= 1 per context channel entry, got "
-                 f"{list(self.context_dilations)}")
-        need(self.mlp_ratio > 0, f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        need(self.stem_channels >= 1, f"stem_channels must be >= 1, got {self.stem_channels}")
+        need(len(self.level_channels) >= 1 and all(c >= 1 for c in self.level_channels),
+             f"level_channels needs at least one level, each >= 1, got {list(self.level_channels)}")
+        need(len(self.level_attention) == len(self.level_channels) and all(n >= 0 for n in self.level_attention),
+             f"level_attention needs one count >= 0 per level, got {list(self.level_attention)}")
+        for c, n in zip(self.level_channels, self.level_attention):
+            if n:
+                bad += attention_problems(c, self.n_heads, None, self.causal, self.level_window, self.dropout)
+        need(self.level_dilation >= 1, f"level_dilation must be >= 1, got {self.level_dilation}")
+        need(self.mlp_ratio >= 0, f"mlp_ratio must be >= 0, got {self.mlp_ratio}")
         need(self.pos_features >= 2 and self.pos_features % 2 == 0,
              f"pos_features must be even and >= 2, got {self.pos_features}")
         need(self.pos_max_period > 1, f"pos_max_period must be > 1, got {self.pos_max_period}")
         if bad:
-            raise InputError("bad PoreFormer config: " + "; ".join(bad))
+            raise InputError("bad PoreFormer config: " + "; ".join(dict.fromkeys(bad)))
 
     @property
-    def encoder_reach(self) -> int:
-        """In-plane radius, in pixels, of the full-resolution encoder convs."""
-        return len(self.encoder_channels) * (self.encoder_kernel // 2)
-
-    @property
-    def context_reach(self) -> int:
-        """In-plane radius, in pixels, of the pooled context branch (0 when it is off).
-
-        A pixel's bilinear upsampling reads the pooled cells within one cell of its own; each
-        pooled cell sees ``R = sum(dilations)`` cells around it (3x3 convs), and a cell spans
-        ``context_scale`` pixels, so the reach is ``(R + 2) * scale - 1``.
-        """
-        if not self.context_scale:
-            return 0
-        return (sum(self.context_dilations) + 2) * self.context_scale - 1
-
-    @property
-    def block_reach(self) -> int:
-        """In-plane radius, in pixels, of the blocks' depthwise convs (the token halo)."""
-        return self.n_layers * (self.dwconv_kernel // 2) if self.mlp_dwconv else 0
+    def n_levels(self) -> int:
+        """Coarse levels of the 2D U-Net (level l has 1/2**l of the resolution)."""
+        return len(self.level_channels)
 
     @property
     def align(self) -> int:
-        """Tiles must start on multiples of this (the pooling grid); 1 without context."""
-        return self.context_scale or 1
+        """Tiles must start on multiples of this (the coarsest grid): ``2**n_levels``."""
+        return 2**self.n_levels
 
     @property
     def halo(self) -> int:
-        """In-plane receptive-field radius in pixels (the tile halo for exact stitching).
+        """In-plane receptive-field radius in full-resolution pixels (the tile halo), a multiple of :attr:`align`.
 
-        The block convs' reach plus the larger of the encoder's and the context branch's,
-        rounded up to a multiple of :attr:`align` so tiles keep the pooling grid.
+        Each 3x3 conv at level l reaches ``2**l`` pixels (times its dilation), a stride-2 conv
+        into level l ``2**(l-1)``, and each bilinear upsampling from level l one level-l pixel.
         """
-        r = self.block_reach + max(self.encoder_reach, self.context_reach)
+        r = 1  # the stem conv
+        for lev in range(1, self.n_levels + 1):
+            dil = self.level_dilation if lev == self.n_levels else 1
+            r += 2 ** (lev - 1) + dil * 2**lev + 2**lev
         return -(-r // self.align) * self.align
 
     @property
-    def mlp_hidden(self) -> int:
-        """Hidden width of each block's MLP."""
-        return max(1, int(round(self.d_model * self.mlp_ratio)))
+    def token_halo(self) -> int:
+        """Pixels of full-resolution tokens a tile needs around its core: none (nothing mixes them in-plane)."""
+        return 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples as lists)."""
         d = dataclasses.asdict(self)
-        d["encoder_channels"] = list(self.encoder_channels)
-        d["context_channels"] = list(self.context_channels)
-        d["context_dilations"] = list(self.context_dilations)
+        d["level_channels"] = list(self.level_channels)
+        d["level_attention"] = list(self.level_attention)
         return d
 
     def to_json(self) -> str:

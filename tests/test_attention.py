@@ -134,6 +134,33 @@ def test_kv_cache_chunks_equal_full_pass(backend, window, n_kv_heads):
             torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+@pytest.mark.parametrize("window", [None, 1, 4])
+def test_kv_cache_in_bands_of_sequences_equals_whole_chunks(window, n_kv_heads):
+    """A chunk processed in bands of sequences (committed once per chunk) = the whole chunk."""
+    ref, mha = make_pair("sdpa", n_kv_heads=n_kv_heads, window=window)
+    x = torch.randn(7, 13, D_MODEL)
+    with torch.no_grad():
+        full = ref(x)
+        cache, parts = KVCache(window), []
+        for z in range(0, 13, 5):
+            chunk = x[:, z : z + 5]
+            bands = [mha(chunk[r : r + 3], cache=cache, cache_rows=slice(r, min(7, r + 3)), n_rows=7)
+                     for r in range(0, 7, 3)]
+            cache.commit(chunk.shape[1])
+            parts.append(torch.cat(bands))
+        torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=0)
+
+
+def test_one_kv_head_as_rows_equals_the_math_path():
+    """Multi-query attention on CPU runs the heads as rows of one problem; same numbers."""
+    ref, mha = make_pair("sdpa", n_kv_heads=1, window=3)
+    x = torch.randn(4, 9, D_MODEL)
+    with torch.no_grad():
+        torch.testing.assert_close(mha(x), ref(x), atol=1e-5, rtol=0)
+    assert mha.ran["sdpa"] == 1 and ref.ran["math"] == 1  # each call records the kernel that ran
+
+
 @pytest.mark.parametrize("window, expect", [(None, 10), (1, 0), (4, 3), (20, 10)])
 def test_kv_cache_keeps_window_minus_one(window, expect):
     mha = MultiHeadAttention(D_MODEL, N_HEADS, window=window, backend="sdpa").eval()

@@ -83,7 +83,8 @@ def _tiny_weights(tmp_path, name, metadata):
     from ctpore.models.weights import save_weights
 
     torch.manual_seed(0)
-    model = PoreFormer(PoreFormerConfig(d_model=16, n_heads=2, n_layers=1)).eval()
+    model = PoreFormer(PoreFormerConfig(d_model=16, n_heads=2, n_layers=1, stem_channels=4,
+                                        level_channels=(8, 16), level_attention=(0, 1))).eval()
     return save_weights(model, tmp_path / name, metadata=metadata)
 
 
@@ -118,7 +119,8 @@ def test_refit_postprocessing_keeps_tensors_and_provenance_and_does_not_raise_ms
 
     monkeypatch.setattr(T.export, "POSTPROCESSING_SCANS", 3)  # the run's 2 validation scans and one more
     cfg = T.config_from_dict({
-        "model": "poreformer", "model_config": {"d_model": 16, "n_heads": 2, "n_layers": 1},
+        "model": "poreformer", "model_config": {"d_model": 16, "n_heads": 2, "n_layers": 1,
+                                                "stem_channels": 4, "level_channels": [8, 16], "level_attention": [0, 1]},
         "data": {"n_train": 2, "n_val": 2, "volume_size": 16, "crop": [8, 12, 12]},
         "steps": 4, "batch_size": 2, "warmup": 1, "val_every": 4, "ckpt_every": 4,
     })
@@ -132,8 +134,7 @@ def test_refit_postprocessing_keeps_tensors_and_provenance_and_does_not_raise_ms
     after = load_file(str(path))
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     meta = read_metadata(path)
-    for k in ("train_config", "data_config_sha256", "steps", "threshold", "min_size", "bidirectional",
-              "calibration"):
+    for k in ("train_config", "data_config_sha256", "steps", "threshold", "min_size", "calibration"):
         assert meta[k] == first[k], k  # same model, same scans: the same choices
     assert meta["min_size"] == str(out["min_size"])
     stored = json.loads(meta["calibration"])

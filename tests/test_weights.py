@@ -23,7 +23,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def small(**kw) -> PoreFormerConfig:
-    base = dict(d_model=32, n_heads=4, n_layers=2, encoder_channels=(8,), window=5, n_kv_heads=2)
+    base = dict(d_model=32, n_heads=4, n_layers=2, stem_channels=4, level_channels=(8, 16),
+                level_attention=(0, 1), window=5, n_kv_heads=2)
     base.update(kw)
     return PoreFormerConfig(**base)
 

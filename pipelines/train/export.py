@@ -50,41 +50,33 @@ def postprocessing_pool(data: DataConfig, progress: ProgressFn = None) -> Pool:
 
 def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold: float = 0.5,
                           return_probs: bool = False) -> dict:
-    """Choose speck removal (and, for a causal model, bidirectional averaging) on validation scans.
+    """Choose the speck removal on validation scans and fit the probability calibration there.
 
-    Every option is scored by the mean relative Euler error, ties broken by MSE, on ``pool`` (the
-    validation scans, never the benchmark's); the probability calibration is then fitted on the
-    same scans with the chosen option (see :mod:`ctpore.data.calibration`). Returns
-    ``{"min_size", "bidirectional", "table", "calibration"}`` (and ``"probs"``, the chosen raw
-    probabilities of the pool's scans, with ``return_probs``).
+    Every speck size in :data:`MIN_SIZES` is scored by the mean relative Euler error, ties
+    broken by MSE, on ``pool`` (the validation scans, never the benchmark's); the calibration
+    is then fitted on the same scans (see :mod:`ctpore.data.calibration`). One pass per scan,
+    in the slice order ``ctpore reconstruct`` streams. Returns ``{"min_size", "table",
+    "calibration"}`` (and ``"probs"``, the raw probabilities of the pool's scans, with
+    ``return_probs``).
     """
     model.eval()
-    causal = hasattr(model, "attention_maps")
+    probs = [predict_full(model, scan, device) for scan in pool.scans]
     table = []
-    forward = [predict_full(model, scan, device) for scan in pool.scans]
-    probs_by = {False: forward}
-    if causal:  # a second pass over the reversed stack, averaged with the first (as reconstruct does)
-        probs_by[True] = [0.5 * (f + predict_full(model, np.ascontiguousarray(scan[::-1]), device)[::-1])
-                          for f, scan in zip(forward, pool.scans)]
-    for bidir, probs in probs_by.items():
-        for ms in MIN_SIZES:
-            rows = []
-            for prob, truth in zip(probs, pool.truths):
-                pores = (prob >= threshold).astype(np.uint8)
-                if ms > 1:
-                    pores = clean_specks(pores, ms)
-                rows.append(comparison_metrics(pores, truth.astype(np.uint8), prob=prob))
-            table.append({"bidirectional": bidir, "min_size": ms,
-                          "euler_error_rel": float(np.mean([r["euler_error_rel"] for r in rows])),
-                          "mse": float(np.mean([r["mse"] for r in rows])),
-                          "dice": float(np.mean([r["dice"] for r in rows]))})
+    for ms in MIN_SIZES:
+        rows = []
+        for prob, truth in zip(probs, pool.truths):
+            pores = (prob >= threshold).astype(np.uint8)
+            if ms > 1:
+                pores = clean_specks(pores, ms)
+            rows.append(comparison_metrics(pores, truth.astype(np.uint8), prob=prob))
+        table.append({"min_size": ms,
+                      "euler_error_rel": float(np.mean([r["euler_error_rel"] for r in rows])),
+                      "mse": float(np.mean([r["mse"] for r in rows])),
+                      "dice": float(np.mean([r["dice"] for r in rows]))})
     best = min(table, key=lambda r: (round(r["euler_error_rel"], 6), r["mse"]))
-    chosen = probs_by[best["bidirectional"]]
-    cal = fit_calibration(zip(chosen, pool.truths))
-    post = {"min_size": best["min_size"], "bidirectional": best["bidirectional"], "table": table,
-            "calibration": cal}
+    post = {"min_size": best["min_size"], "table": table, "calibration": fit_calibration(zip(probs, pool.truths))}
     if return_probs:
-        post["probs"] = chosen
+        post["probs"] = probs
     return post
 
 
@@ -92,7 +84,7 @@ def export_weights(result: TrainResult, path: Union[str, os.PathLike], name: Opt
                    device: str = "cpu", progress: ProgressFn = None) -> Path:
     """Write the trained network as a weights safetensors file with its provenance.
 
-    The post-processing (speck size, bidirectional averaging) is chosen and the probability
+    The post-processing (the speck size) is chosen and the probability
     calibration fitted on :func:`postprocessing_pool` (the run's validation scans and more from the
     same seed range) and stored with the weights, so ``ctpore reconstruct`` applies exactly what
     was chosen.
@@ -106,12 +98,11 @@ def export_weights(result: TrainResult, path: Union[str, os.PathLike], name: Opt
     if cfg.data.source == "synthetic":
         post = select_postprocessing(result.model, postprocessing_pool(cfg.data, progress), device, cfg.threshold)
     else:
-        post = {"min_size": cfg.min_size, "bidirectional": False, "table": [], "calibration": None}
+        post = {"min_size": cfg.min_size, "table": [], "calibration": None}
     meta = {
         "name": name,
         "threshold": str(cfg.threshold),
         "min_size": str(post["min_size"]),
-        "bidirectional": str(post["bidirectional"]).lower(),
         "postprocessing_validation": json.dumps(post["table"]),
         "calibration": json.dumps(post["calibration"]),
         "data_config_sha256": data_config_hash(cfg),
@@ -133,7 +124,7 @@ def refit_postprocessing(path: Union[str, os.PathLike], device: str = "cpu", pro
     training config names its validation seed range (simulated; a file trained on labelled scans
     has none and is refused); :func:`select_postprocessing` runs on
     :func:`postprocessing_pool` exactly as at export, and the file is rewritten with the same
-    tensors and provenance and the new ``min_size``, ``bidirectional``, ``calibration`` and
+    tensors and provenance and the new ``min_size``, ``calibration`` and
     ``postprocessing_validation``.
 
     Returns
@@ -162,7 +153,7 @@ def refit_postprocessing(path: Union[str, os.PathLike], device: str = "cpu", pro
     post["mse"] = float(np.mean([np.mean((apply_calibration(p, post["calibration"]) - t) ** 2)
                                  for p, t in zip(probs, pool.truths)]))
     out = {k: v for k, v in meta.items() if k not in ("config", "format")}
-    out.update(min_size=str(post["min_size"]), bidirectional=str(post["bidirectional"]).lower(),
+    out.update(min_size=str(post["min_size"]),
                postprocessing_validation=json.dumps(post["table"]), calibration=json.dumps(post["calibration"]))
     save_weights(model, path, metadata=out)
     return post
