@@ -15,6 +15,7 @@ import click
 
 from ctpore import __version__
 from ctpore.errors import InputError
+from ctpore.runtime import tune_allocator
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
 
@@ -87,9 +88,19 @@ def _rdefault(key):
               help="Ground-truth pores (1 = pore) to add MSE, Dice and Euler error to the metrics.")
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs.")
 @click.option("--device", default=lambda: _rdefault("device"), show_default="cpu", help="cpu, cuda, cuda:1, ...")
-@click.option("--chunk-slices", default=lambda: _rdefault("chunk_slices"), show_default="32", type=click.IntRange(1), help="Slices per streamed chunk.")
-@click.option("--tile", default=lambda: _rdefault("tile"), show_default="256", type=click.IntRange(8), help="In-plane tile size (pixels).")
-def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, chunk_slices, tile):
+@click.option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default="1.5",
+              type=click.FloatRange(0.25), help="Memory budget of the whole run (GB): tiles and chunks follow from it.")
+@click.option("--chunk-slices", default=None, type=click.IntRange(1),
+              help="Slices per streamed chunk  [default: the fastest that fits --memory-gb]")
+@click.option("--tile", default=None, type=click.IntRange(8),
+              help="In-plane tile size (pixels)  [default: the fastest that fits --memory-gb]")
+@click.option("--precision", default=lambda: _rdefault("precision"), show_default="auto",
+              type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
+              help="auto = bf16 on CUDA (so FlashAttention runs), fp32 on CPU.")
+@click.option("--attention-backend", default=None, type=click.Choice(["auto", "flash", "sdpa", "math"]),
+              help="Override the weights' attention backend (the metrics report the one that ran).")
+def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, chunk_slices,
+                tile, precision, attention_backend):
     """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz, <stem>_prob.nii.gz and <stem>_metrics.json per scan.
@@ -105,6 +116,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                 out = reconstruct_file(
                     scan, outdir, method, overwrite=overwrite, weights=weights, device=device,
                     slice_axis=slice_axis, truth=truth, chunk_slices=chunk_slices, tile=tile, progress=bar,
+                    memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
                 )
         except InputError as exc:
             _error(str(exc))
@@ -212,18 +224,58 @@ def bench() -> None:
 
 
 @bench.command("speed")
-@click.option("--size", default=128, show_default=True, type=click.IntRange(8))
-@click.option("--backend", "backends", multiple=True, default=("math", "sdpa"), show_default=True)
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1))
-@click.option("--window", default=None, type=click.IntRange(1),
-              help="Override the model's look-back window (default: its own).")
-def bench_speed(size, backends, repeats, window):
-    """Voxels per second of the shipped PoreFormer per attention backend on a SIZE^3 volume."""
+@click.option("--shape", default="96x256x256", show_default=True, help="Scan shape Z x Y x X.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Timed runs per method.")
+@click.option("--workdir", default=Path("runs/speed"), show_default=True, type=click.Path(path_type=Path),
+              help="Where the generated scan and the outputs go.")
+@click.option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+              help="Where performance.md and performance.json are written.")
+def bench_speed(shape, repeats, workdir, outdir):
+    """ctpore reconstruct beside MONAI's 3D U-Net, the trained 3D U-Net and filtered Otsu: whole-process
+    voxels/s and peak memory on one generated scan; writes OUTDIR/performance.md and .json."""
     from ctpore.pipelines.bench.speed import bench_speed as run
+    from ctpore.pipelines.bench.speed import write_performance
 
+    try:
+        dims = tuple(int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 8:
+        raise InputError(f"--shape must be Z x Y x X with every size >= 8, like 96x256x256; got {shape!r}")
     with _Progress("speed") as bar:
-        res = run(size=size, backends=tuple(backends), repeats=repeats, window=window, progress=bar)
+        res = run(shape=dims, repeats=repeats, workdir=workdir, progress=bar)
+    cmd = "ctpore bench speed" + (f" --shape {shape}" if shape != "96x256x256" else "") + (
+        f" --repeats {repeats}" if repeats != 3 else "")
+    path = write_performance(res, outdir, command=cmd)
+    for m, r in res["methods"].items():
+        click.echo(f"{m:<45} {r['voxels_per_s']:10.3g} voxels/s  {r['peak_rss_gb']:5.2f} GB")
+    click.echo(f"wrote {path}")
+    return EXIT_OK
+
+
+@bench.command("gpu")
+@click.option("--workdir", default=Path("runs/gpu"), show_default=True, type=click.Path(path_type=Path),
+              help="Where the generated scans and outputs go (scans are removed after use).")
+@click.option("--sizes", default="512x512x512,2048x1024x1024", show_default=True,
+              help="Scan shapes Z x Y x X to time, comma-separated.")
+@click.option("--device", default="cuda", show_default=True)
+@click.option("--memory-gb", default=32.0, show_default=True, type=click.FloatRange(0.25),
+              help="Memory budget of each timed reconstruct run.")
+@click.option("-o", "--out", default=Path("docs/gpu.json"), show_default=True, type=click.Path(path_type=Path))
+def bench_gpu(workdir, sizes, device, memory_gb, out):
+    """GPU checks in one run: flash vs sdpa vs math in bf16, the backend that ran, voxels/s on CUDA."""
+    from ctpore.pipelines.bench.gpu import bench_gpu as run
+
+    try:
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise InputError(f"--sizes must be shapes like 512x512x512, comma-separated; got {sizes!r}") from None
+    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise InputError(f"--sizes must be shapes like 512x512x512, comma-separated; got {sizes!r}")
+    with _Progress("gpu") as bar:
+        res = run(workdir, shapes, device=device, memory_gb=memory_gb, out=out, progress=bar)
     click.echo(json.dumps(res, indent=2))
+    click.echo(f"wrote {out}")
     return EXIT_OK
 
 
@@ -279,10 +331,9 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, 
 
 def main(argv=None) -> None:
     """Entry point of the ``ctpore`` console script."""
-    # Transparent huge pages for PyTorch's CPU allocations: measured ~1.5x faster PoreFormer
-    # inference here (fresh pages for large activations dominate otherwise). Process-wide, so it
-    # is set by the command, before torch is imported, and never by the library.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    # Reuse freed memory instead of faulting in fresh pages for every chunk's activations
+    # (ctpore.runtime says why). Process-wide, so the command sets it, never the library.
+    tune_allocator()
     try:
         rv = cli.main(args=argv, prog_name="ctpore", standalone_mode=False)
     except click.UsageError as exc:

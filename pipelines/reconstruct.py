@@ -16,7 +16,6 @@ Methods
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +25,17 @@ import numpy as np
 
 from ctpore.atomic import write_json_atomic
 from ctpore.data.calibration import apply_calibration
-from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan, output_stem, read_label, save_volume
+from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan, read_label, save_volume
 from ctpore.data.metrics import comparison_metrics, volume_metrics
 from ctpore.data.normalize import NormalizedVolume, intensity_range
 from ctpore.errors import InputError
 from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
+from ctpore.pipelines.outputs import check_outputs, output_paths, output_set, run_fields
 from ctpore.progress import ProgressFn
+from ctpore.runtime import current_rss
+
+__all__ = ["METHODS", "DEFAULTS", "Reconstruction", "reconstruct", "reconstruct_file", "resolve_method",
+           "output_paths"]
 
 METHODS = ("auto", "poreformer", "otsu", "plain-otsu")
 
@@ -48,8 +52,20 @@ def _defaults() -> dict:
 DEFAULTS = _defaults()
 
 #: Scans up to this many bytes (as float32) are read into memory once before PoreFormer runs;
-#: larger ones are streamed from disk slice-chunk by chunk (once per in-plane tile and direction).
+#: larger ones are streamed from disk slice-chunk by chunk (once per in-plane tile).
 IN_MEMORY_BYTES = 2 * 2**30
+
+#: Memory kept free of the plan for what the estimate does not see (allocator slack, metrics).
+_MARGIN_BYTES = 96 * 2**20
+
+#: The model's working memory when :func:`reconstruct` is given no whole-process budget.
+_API_MODEL_BYTES = 2**30
+
+
+
+def _auto(value):
+    """A config/CLI size that may be ``auto`` (None: chosen from the memory budget)."""
+    return None if value in (None, "auto") else int(value)
 
 
 @dataclass
@@ -73,17 +89,6 @@ class Reconstruction:
     pores: np.ndarray
     metrics: dict
     geometry: Geometry
-
-
-def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike]) -> dict:
-    """The three output files of a scan: ``{"pores", "prob", "metrics"}`` -> Path."""
-    stem = output_stem(scan_path)
-    outdir = Path(outdir)
-    return {
-        "pores": outdir / f"{stem}_pores.nii.gz",
-        "prob": outdir / f"{stem}_prob.nii.gz",
-        "metrics": outdir / f"{stem}_metrics.json",
-    }
 
 
 def resolve_method(method: str, weights: Optional[Union[str, os.PathLike]] = None) -> str:
@@ -113,55 +118,40 @@ def _as_scan(scan, slice_axis, spacing_mm) -> tuple[Any, Geometry, Optional[Scan
     return arr, geom, None
 
 
-class _ReversedZ:
-    """A lazy view of a volume with its slices in reverse order (``view[a:b]`` reads lazily)."""
+def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress, memory_gb=None,
+                        precision="auto", attention_backend=None):
 
-    def __init__(self, volume):
-        self.volume = volume
-        self.shape = tuple(int(s) for s in volume.shape)
+    from ctpore.models.weights import load_for_inference, sha256_file
+    from ctpore.pipelines.stream import plan_streaming, predict, resolve_device
 
-    def __getitem__(self, key: slice) -> np.ndarray:
-        start, stop, _ = key.indices(self.shape[0])
-        z = self.shape[0]
-        return np.ascontiguousarray(np.asarray(self.volume[z - stop : z - start])[::-1])
-
-
-def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress):
-    import torch
-
-    from ctpore.models.weights import (
-        default_weights_path, load_model, read_metadata, read_postprocessing, sha256_file,
-    )
-    from ctpore.pipelines.stream import predict
-
-    path = Path(weights) if weights is not None else default_weights_path()
-    if path is None:
-        raise InputError(
-            "no PoreFormer weights are installed; give --weights FILE.safetensors or use --method otsu"
-        )
-    model = load_model(path, device=device)
-    meta = read_metadata(path)
-    post = read_postprocessing(path, meta)
-    if isinstance(volume, Scan) and 4 * int(np.prod(volume.shape)) <= IN_MEMORY_BYTES:
-        volume = volume.read()  # one sequential read instead of one pass per tile and direction
+    dev = resolve_device(device)  # a usage error before any weights are read
+    model, meta, post, path = load_for_inference(weights, dev, attention_backend)
+    nvox = int(np.prod(volume.shape))
+    if isinstance(volume, Scan) and 4 * nvox <= IN_MEMORY_BYTES:
+        volume = volume.read()  # one sequential read instead of one pass per tile
+    if tile is None or chunk_slices is None:
+        if memory_gb is None:  # the API in a notebook: bound the model's own working memory
+            budget = _API_MODEL_BYTES
+        else:  # a budget for the whole process, less what the rest of the run holds: this
+            # process now, the probability map and the pores (and their post-processing), a margin
+            budget = memory_gb * 2**30 - (current_rss() + nvox * (4 + 1 + 4) + _MARGIN_BYTES)
+        plan_tile, plan_chunk = plan_streaming(model, volume.shape, budget)
+        tile = plan_tile if tile is None else tile
+        chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
     lo, hi = intensity_range(volume)
     view = NormalizedVolume(volume, lo, hi)
-    prob = predict(model, view, chunk_slices=chunk_slices, tile=tile, device=device, progress=progress)
-    if post.bidirectional:
-        # The causal model sees slices above each voxel; a second pass over the reversed stack
-        # sees those below, and the two probabilities are averaged (the model stays causal).
-        back = predict(model, _ReversedZ(view), chunk_slices=chunk_slices, tile=tile, device=device,
-                       progress=progress)
-        prob += back[::-1]
-        prob *= 0.5
+    model.reset_backends_ran()
+    prob = predict(model, view, chunk_slices=chunk_slices, tile=tile, device=dev, progress=progress,
+                   precision=precision)
     info = {
         "model": {"name": meta.get("name", path.stem), "sha256": sha256_file(path)},
-        "attention_backend": getattr(model, "attention_backend", None),
-        "device": str(torch.device(device)),
+        "attention_backend": model.backends_ran(),  # what ran, not what was asked for
+        "device": str(dev),
         "threshold": post.threshold,
         "min_size": post.min_size,
-        "bidirectional": post.bidirectional,
         "calibration": post.calibration,
+        "tile": int(tile),
+        "chunk_slices": int(chunk_slices),
     }
     return prob, info
 
@@ -175,9 +165,12 @@ def reconstruct(
     slice_axis: Optional[int] = None,
     spacing_mm: Optional[tuple] = None,
     truth=None,
-    chunk_slices: int = DEFAULTS["chunk_slices"],
-    tile: int = DEFAULTS["tile"],
+    chunk_slices: Optional[int] = _auto(DEFAULTS["chunk_slices"]),
+    tile: Optional[int] = _auto(DEFAULTS["tile"]),
     progress: ProgressFn = None,
+    memory_gb: Optional[float] = None,
+    precision: str = DEFAULTS["precision"],
+    attention_backend: Optional[str] = None,
 ) -> Reconstruction:
     """Reconstruct the 3D pore phase of a scan.
 
@@ -198,10 +191,20 @@ def reconstruct(
         Voxel size (z, y, x) in mm for an in-memory array (files carry their own).
     truth : ndarray or path, optional
         Ground-truth pores (1 = pore); adds MSE, Dice, IoU, porosity and Euler errors.
-    chunk_slices, tile : int
-        Streaming: slices per chunk and the in-plane tile size (PoreFormer).
+    chunk_slices, tile : int, optional
+        Streaming: slices per chunk and the in-plane tile size (PoreFormer); None (default):
+        the fastest that fit ``memory_gb``.
     progress : callable, optional
         ``progress(done, total, stage)``.
+    memory_gb : float, optional
+        Memory budget of the whole process in GB: the tile and chunk sizes follow from it.
+        Default: the model's own working memory stays within 1 GB (the arrays returned come
+        on top).
+    precision : {"auto", "fp32", "bf16", "fp16"}
+        ``auto``: bf16 autocast on CUDA (so FlashAttention runs), fp32 on CPU.
+    attention_backend : {"auto", "flash", "sdpa", "math"}, optional
+        Override the attention backend stored with the weights (the metrics report the one
+        that ran).
 
     Returns
     -------
@@ -213,7 +216,8 @@ def reconstruct(
         concrete = resolve_method(method, weights)
         info: dict = {"model": {"name": concrete, "sha256": None}, "attention_backend": None, "device": "cpu"}
         if concrete == "poreformer":
-            prob, pf = _predict_poreformer(volume, weights, device, chunk_slices, tile, progress)
+            prob, pf = _predict_poreformer(volume, weights, device, chunk_slices, tile, progress,
+                                           memory_gb, precision, attention_backend)
             info.update(pf)
             pores = (prob >= info["threshold"]).astype(np.uint8)  # on the raw probability
             if info["min_size"] > 1:
@@ -221,25 +225,19 @@ def reconstruct(
             if info["calibration"] is not None:
                 apply_calibration(prob, info["calibration"], out=prob)
         else:
+            chunk = chunk_slices or 32
             if concrete == "otsu":
                 pores, _ = otsu_segment(volume, median_size=3, min_size=OTSU_MIN_SIZE,
-                                        chunk_slices=chunk_slices, progress=progress)
+                                        chunk_slices=chunk, progress=progress)
             else:
-                pores, _ = otsu_segment(volume, chunk_slices=chunk_slices, progress=progress)
+                pores, _ = otsu_segment(volume, chunk_slices=chunk, progress=progress)
             prob = pores.astype(np.float32)
     finally:
         if opened is not None:
             opened.close()
 
     metrics = volume_metrics(pores, geometry.spacing_mm)
-    metrics.update(
-        shape=[int(s) for s in pores.shape],
-        spacing_mm=[float(s) for s in geometry.spacing_mm],
-        method=concrete,
-        model=info["model"],
-        device=info["device"],
-        attention_backend=info["attention_backend"],
-    )
+    metrics.update(run_fields(pores.shape, geometry, concrete, info))
     if truth is not None:
         if isinstance(truth, (str, os.PathLike)):
             truth = read_label(truth, slice_axis=slice_axis, like=geometry)
@@ -249,32 +247,6 @@ def reconstruct(
     metrics["seconds"] = round(time.perf_counter() - t0, 3)
     metrics["ctpore_version"] = __version__
     return Reconstruction(probability=prob, pores=pores, metrics=metrics, geometry=geometry)
-
-
-def check_outputs(scan_path, outdir, overwrite: bool) -> dict:
-    """Check, before any work, that the outputs of ``scan_path`` can be written to ``outdir``.
-
-    Creates ``outdir`` if needed. Raises :class:`InputError` when the folder cannot be created or
-    written, or when an output exists and ``overwrite`` is false.
-    """
-    outdir = Path(outdir)
-    try:
-        outdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the output folder ({exc.strerror or exc})", path=outdir) from None
-    if not outdir.is_dir():
-        raise InputError("the output path exists and is not a folder", path=outdir)
-    try:
-        with tempfile.NamedTemporaryFile(dir=outdir, prefix=".ctpore-write-test-"):
-            pass
-    except OSError as exc:
-        raise InputError(f"the output folder is not writable ({exc.strerror or exc})", path=outdir) from None
-    paths = output_paths(scan_path, outdir)
-    if not overwrite:
-        for p in paths.values():
-            if p.exists():
-                raise InputError("output exists; pass --overwrite to replace it", path=p)
-    return paths
 
 
 def reconstruct_file(
@@ -287,9 +259,12 @@ def reconstruct_file(
     device: str = DEFAULTS["device"],
     slice_axis: Optional[int] = None,
     truth: Optional[Union[str, os.PathLike]] = None,
-    chunk_slices: int = DEFAULTS["chunk_slices"],
-    tile: int = DEFAULTS["tile"],
+    chunk_slices: Optional[int] = _auto(DEFAULTS["chunk_slices"]),
+    tile: Optional[int] = _auto(DEFAULTS["tile"]),
     progress: ProgressFn = None,
+    memory_gb: float = DEFAULTS["memory_gb"],
+    precision: str = DEFAULTS["precision"],
+    attention_backend: Optional[str] = None,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring).
 
@@ -299,22 +274,26 @@ def reconstruct_file(
         ``{"pores": Path, "prob": Path, "metrics": Path, "result": metrics dict}``.
     """
     paths = check_outputs(scan_path, outdir, overwrite)
-    existed = {k: p.exists() for k, p in paths.items()}
+    if resolve_method(method, weights) == "poreformer":
+        # Slab by slab, so that memory does not grow with the number of slices (the figures
+        # equal the in-memory ones; see ctpore.pipelines.large).
+        from ctpore.pipelines.large import reconstruct_large
+
+        with output_set(paths):
+            metrics = reconstruct_large(
+                scan_path, paths, weights=weights, device=device, slice_axis=slice_axis, truth=truth,
+                memory_gb=memory_gb, precision=precision, chunk_slices=chunk_slices, tile=tile, progress=progress,
+                attention_backend=attention_backend,
+            )
+            write_json_atomic(paths["metrics"], metrics)
+        return {**paths, "result": metrics}
     result = reconstruct(
         scan_path, method, weights=weights, device=device, slice_axis=slice_axis, truth=truth,
-        chunk_slices=chunk_slices, tile=tile, progress=progress,
+        chunk_slices=chunk_slices, tile=tile, progress=progress, memory_gb=memory_gb, precision=precision,
+        attention_backend=attention_backend,
     )
-    written = []
-    try:
+    with output_set(paths):
         save_volume(paths["pores"], result.pores, result.geometry, dtype=np.uint8)
-        written.append("pores")
         save_volume(paths["prob"], result.probability, result.geometry, dtype=np.float32)
-        written.append("prob")
-        write_json_atomic(paths["metrics"], result.metrics)
-    except BaseException:
-        # The set is whole or absent: remove what this call created (never a file that was there).
-        for k in written:
-            if not existed[k] and paths[k].exists():
-                paths[k].unlink()
-        raise
+        write_json_atomic(paths["metrics"], result.metrics)  # last: its presence means the set is whole
     return {**paths, "result": result.metrics}

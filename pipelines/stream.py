@@ -4,40 +4,33 @@ How it works
 ------------
 The plane is cut into tiles; each tile is read with a halo as wide as the model's in-plane
 receptive field (:attr:`PoreFormer.halo`), so once the halo is cropped off the tiles stitch
-without seams and equal the full pass. Only the core plus the blocks' own reach
-(:attr:`PoreFormer.token_halo`) becomes tokens; the rest of the halo feeds the per-slice encoder
-and the pooled context branch. With a context branch, tiles start on multiples of the pooling
-factor (:attr:`PoreFormer.align`; the tile size is rounded up to one) so every tile pools on the
-same grid as the full pass. Tiles are the OUTER loop: each tile streams through the
-slices in chunks of ``chunk_slices`` with its own per-layer KV cache, which keeps the keys and
-values of the last ``W - 1`` slices of a model with look-back window ``W``. The z-position
+without seams and equal the full pass. Tiles start on multiples of the model's coarsest grid
+(:attr:`PoreFormer.align`; the tile size is rounded up to one), so every tile sees the same
+grid as the full pass. Only the tile's core becomes full-resolution tokens; the halo feeds the
+per-slice convolutions. Tiles are the OUTER loop: each tile streams through the slices in chunks
+of ``chunk_slices`` with its own KV caches (one per attention block), which keep the keys and
+values of the last ``W - 1`` slices of a block with look-back window ``W``. The z-position
 encoding gets the chunk's absolute offset. The result equals ``sigmoid(model(volume))`` up to
 float rounding.
 
 Memory
 ------
-With a windowed model (``config.window = W``) the memory depends on ``W``, ``chunk_slices`` and
-the tile, not on the number of slices: about ``(tile + 2*token_halo)^2 * (W - 1 + chunk_slices)``
-tokens of ``d_model`` floats per layer, plus the chunk's activations. With ``window=None`` the
-cache holds every earlier slice (exact, as the model was trained), so memory then grows with the
-stack: about ``(tile + 2*token_halo)^2 * Z * 2 * d_model * 4`` bytes per layer (1.1 GB per layer for a
-128^3 volume in one 128 x 128 tile with the default model). Long stacks should use a windowed
-model.
+With windowed attention the working memory depends on the tile, ``chunk_slices`` and the
+windows, never on the number of slices; :meth:`PoreFormer.inference_bytes` estimates it and
+:func:`plan_streaming` picks the fastest tile and chunk that fit a budget. Without a window
+(``window=None``) a cache holds every earlier slice, so memory grows with the stack.
 
-Speed (CPU)
------------
-A large tile spends much of its time in the kernel, faulting in fresh pages for each large
-activation (glibc gives big blocks back to the system on every free). With
-``THP_MEM_ALLOC_ENABLE=1`` in the environment before torch is imported, PyTorch backs large CPU
-tensors with transparent huge pages: 128^3 went from 70k to 107k voxels/s (sdpa) on a 2-core
-machine. It is a process-wide setting, so this module does not set it; an entry point may.
+Precision and device
+--------------------
+``precision="auto"`` runs CUDA under bf16 autocast (fp16 where the GPU lacks bf16), so that the
+FlashAttention kernels, which take only half precision, are what runs; on CPU it stays fp32.
 
 Reading
 -------
 ``volume`` is a numpy array or any object with ``.shape`` (Z, Y, X) whose ``volume[z0:z1]``
 returns the ``(n, Y, X)`` slices, such as a lazily read scan. A numpy array is cropped before
-conversion; a lazy volume is read whole-plane per chunk, once per tile (a plane larger than one
-tile means several passes over the file).
+conversion; a lazy volume with ``read_window`` reads only the tile's window (an uncompressed
+NIfTI from its memory map); otherwise whole planes are read per chunk, once per tile.
 """
 
 from __future__ import annotations
@@ -51,7 +44,7 @@ import torch
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
-__all__ = ["plan_tiles", "predict"]
+__all__ = ["PRECISIONS", "plan_streaming", "plan_tiles", "predict", "resolve_device"]
 
 
 def _check_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -96,6 +89,53 @@ def plan_tiles(
     return tiles
 
 
+#: Relative speed of PoreFormer per voxel by slices per chunk (measured on the 2-core CPU this
+#: project tests on; the attention kernel and the per-call overheads favour longer chunks).
+CHUNK_EFFICIENCY = {32: 0.99, 16: 1.0, 8: 0.85, 4: 0.65, 2: 0.4, 1: 0.25}
+
+#: Tile sides tried by :func:`plan_streaming` (besides one tile for the whole plane).
+TILE_SIDES = (1024, 768, 512, 384, 256, 192, 128, 96, 64)
+
+
+def plan_streaming(model: Any, shape: tuple[int, int, int], budget_bytes: float) -> tuple[int, int]:
+    """The fastest ``(tile, chunk_slices)`` whose working memory fits ``budget_bytes``.
+
+    The working memory of one tile comes from ``model.inference_bytes``; speed is judged by the
+    share of each window that is core (the halo is read but not kept) times
+    :data:`CHUNK_EFFICIENCY`. A plane that fits whole is one tile.
+
+    Raises
+    ------
+    InputError
+        When not even the smallest tile and chunk fit (the message says how much is needed).
+    """
+    nz, ny, nx = shape
+    align, halo = int(getattr(model, "align", 1)), int(getattr(model, "halo", 0))
+    whole = -(-max(ny, nx) // align) * align
+    sides = sorted({whole, *(s for s in TILE_SIDES if s < whole and s % align == 0)}, reverse=True)
+    best, smallest = None, None
+    for chunk in sorted({min(c, nz) for c in CHUNK_EFFICIENCY}, reverse=True):
+        for side in sides:
+            tiles = plan_tiles(ny, nx, side, halo)
+            window = max((w[1] - w[0], w[3] - w[2]) for _c, w in tiles)
+            core = (min(side, ny), min(side, nx))
+            need = model.inference_bytes(window, core, chunk)
+            smallest = need if smallest is None else min(smallest, need)
+            if need > budget_bytes:
+                continue
+            kept = sum((c[1] - c[0]) * (c[3] - c[2]) for c, _w in tiles)
+            read = sum((w[1] - w[0]) * (w[3] - w[2]) for _c, w in tiles)
+            score = CHUNK_EFFICIENCY.get(chunk, CHUNK_EFFICIENCY[min(CHUNK_EFFICIENCY, key=lambda c: abs(c - chunk))])
+            score *= kept / read
+            if best is None or score > best[0]:
+                best = (score, side, chunk)
+            break  # the largest tile that fits this chunk
+    if best is None:
+        raise InputError(f"the memory budget leaves {budget_bytes / 2**30:.2f} GB for the model, and even "
+                         f"the smallest tile needs {smallest / 2**30:.2f} GB; raise --memory-gb")
+    return best[1], best[2]
+
+
 def _volume_shape(volume: Any) -> tuple[int, int, int]:
     shape = getattr(volume, "shape", None)
     if shape is None:
@@ -116,6 +156,11 @@ def _read_chunk(
     wy0, wy1, wx0, wx1 = window
     if isinstance(volume, np.ndarray):
         arr = volume[z0:z1, wy0:wy1, wx0:wx1]
+    elif hasattr(volume, "read_window"):  # a lazy scan that can read just the tile's window
+        arr = volume.read_window(z0, z1, wy0, wy1, wx0, wx1)
+        if arr.shape != (z1 - z0, wy1 - wy0, wx1 - wx0):
+            raise InputError(f"volume.read_window returned shape {arr.shape}, expected "
+                             f"{(z1 - z0, wy1 - wy0, wx1 - wx0)}")
     else:
         arr = np.asarray(volume[slice(z0, z1)])
         if arr.shape != (z1 - z0, *plane):
@@ -132,6 +177,49 @@ def _read_chunk(
     return arr
 
 
+#: Inference precisions: ``auto`` is bf16 autocast on CUDA (fp16 where the GPU lacks bf16), so
+#: that the flash kernels, which take only fp16/bf16, are what run; fp32 on CPU, where the
+#: attention kernel measured slower in bf16.
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device``, or an :class:`InputError` saying why it cannot be used.
+
+    Examples
+    --------
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InputError(f"device {device!r} is not a device PyTorch knows ({exc}); use cpu or cuda") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"device {device!r}: this PyTorch has no usable CUDA GPU "
+                             f"(torch {torch.__version__}); use --device cpu, or install a CUDA build of torch")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"device {device!r}: there are {torch.cuda.device_count()} CUDA GPU(s), "
+                             f"numbered from 0")
+    elif dev.type != "cpu":
+        raise InputError(f"device {device!r} is not supported; use cpu or cuda")
+    return dev
+
+
+def autocast_dtype(precision: str, dev: torch.device) -> torch.dtype | None:
+    """The autocast dtype of a precision on a device (None: plain fp32)."""
+    if precision not in PRECISIONS:
+        raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "auto":
+        if dev.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
 def predict(
     model: torch.nn.Module,
     volume: Any,
@@ -140,6 +228,7 @@ def predict(
     device: str | torch.device | None = None,
     progress: ProgressFn = None,
     out: np.ndarray | None = None,
+    precision: str = "auto",
 ) -> np.ndarray:
     """Pore probability of every voxel of a (Z, Y, X) stack, streamed slice-chunk by chunk.
 
@@ -163,6 +252,8 @@ def predict(
     out : array-like, optional
         ``(Z, Y, X)`` destination, e.g. a ``numpy.memmap``; written slice-chunk by chunk and
         returned. Default: a new float32 array.
+    precision : {"auto", "fp32", "bf16", "fp16"}
+        ``auto``: bf16 autocast on CUDA (fp16 without bf16), fp32 on CPU (see :data:`PRECISIONS`).
 
     Returns
     -------
@@ -193,9 +284,10 @@ def predict(
             f"out must have the volume's shape {shape}, got {tuple(getattr(out, 'shape', ()))}"
         )
     params = list(model.parameters())
-    dev = torch.device(device) if device is not None else (
+    dev = resolve_device(device) if device is not None else (
         params[0].device if params else torch.device("cpu")
     )
+    amp = autocast_dtype(precision, dev)
     dtype = params[0].dtype if params else torch.float32
     if params and params[0].device != dev:
         model.to(dev)
@@ -210,7 +302,7 @@ def predict(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
             for (y0, y1, x0, x1), window in tiles:
                 wy0, wy1, wx0, wx1 = window
                 # Only the core and the blocks' reach become tokens; the rest of the window

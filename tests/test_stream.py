@@ -21,7 +21,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def small(**kw) -> PoreFormerConfig:
-    base = dict(d_model=32, n_heads=4, n_layers=2, encoder_channels=(8,))  # halo 3
+    """Head size 8; levels at 1/2 and 1/4 (attention at 1/4): align 4, halo 20."""
+    base = dict(d_model=32, n_heads=4, n_kv_heads=None, n_layers=2, window=None, stem_channels=4,
+                level_channels=(8, 32), level_attention=(0, 1), level_window=None)
     base.update(kw)
     return PoreFormerConfig(**base)
 
@@ -54,7 +56,7 @@ class LazyVolume:
         {"window": 3},
         {"n_kv_heads": 1},
         {"window": 4, "n_kv_heads": 2},
-        {"window": 5, "attention_backend": "math"},
+        {"window": 5, "level_window": 3, "attention_backend": "math"},
     ],
     ids=["full", "window3", "mqa", "window4-gqa2", "window5-math"],
 )
@@ -64,7 +66,7 @@ def test_stream_equals_full_pass(cfg_kw, chunk):
     model = PoreFormer(small(**cfg_kw))
     vol = volume(12, 20, 17)
     want = full_pass(model, vol)
-    got = predict(model, vol, chunk_slices=chunk, tile=8)  # 3 x 3 tiles, halo 3
+    got = predict(model, vol, chunk_slices=chunk, tile=8)  # 3 x 3 tiles, halo 20 (clipped)
     assert got.dtype == np.float32 and got.shape == vol.shape
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
@@ -72,34 +74,33 @@ def test_stream_equals_full_pass(cfg_kw, chunk):
 @pytest.mark.parametrize(
     "cfg_kw, tile",
     [
-        ({"window": 4, "context_scale": 4, "context_channels": (4, 4),
-          "context_dilations": (1, 2)}, 8),
-        ({"context_scale": 2, "context_channels": (4,), "context_dilations": (3,)}, 7),
-        ({"context_scale": 3, "context_channels": (4,), "context_dilations": (1,)}, 10),
+        ({"window": 4}, 8),
+        ({"level_channels": (4,), "level_attention": (1,), "level_dilation": 3}, 7),
+        ({"level_channels": (4, 8, 8), "level_attention": (1, 0, 1), "n_kv_heads": 1}, 10),
     ],
-    ids=["scale4", "scale2-odd-tile", "scale3"],
+    ids=["two-levels", "one-level-odd-tile", "three-levels"],
 )
-def test_stream_with_context_branch_equals_full_pass(cfg_kw, tile):
+def test_stream_with_interior_tiles_equals_full_pass(cfg_kw, tile):
     """Tiles far from the plane's edges (context-only margins) and odd plane sizes stitch exactly."""
     torch.manual_seed(0)
     model = PoreFormer(small(**cfg_kw))
     assert model.halo % model.align == 0 and model.halo >= model.token_halo
-    vol = volume(6, 75, 70)  # the halo is well inside the plane: margins are exercised
-    tiles = plan_tiles(75, 70, -(-tile // model.align) * model.align, model.halo)
-    assert any(w[0] > 0 and w[1] < 75 for _c, w in tiles)  # some windows are interior
+    vol = volume(6, 75, 70) if model.halo < 20 else volume(6, 160, 150)  # interior windows
+    tiles = plan_tiles(vol.shape[1], vol.shape[2], -(-tile // model.align) * model.align, model.halo)
+    assert any(w[0] > 0 and w[1] < vol.shape[1] for _c, w in tiles)  # some windows are interior
     want = full_pass(model, vol)
     got = predict(model, vol, chunk_slices=4, tile=tile)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
-def test_context_branch_reaches_far_in_plane():
-    """A pixel's logit changes when a pixel beyond the encoder's reach changes, and not beyond
-    the stated halo."""
+def test_coarse_levels_reach_far_in_plane():
+    """A pixel's logit changes when a pixel beyond the full-resolution convs' reach changes, and
+    not beyond the stated halo."""
     torch.manual_seed(0)
-    cfg = small(context_scale=4, context_channels=(4, 4), context_dilations=(1, 2))
+    cfg = small()
     model = PoreFormer(cfg).eval()
     vol = torch.from_numpy(volume(3, 96, 96))[None]
-    far = cfg.block_reach + cfg.encoder_reach + 6  # beyond the local convs
+    far = cfg.halo // 2  # far beyond the stem's 1 pixel: through the coarse levels
     with torch.no_grad():
         base = model(vol)[0, -1, 48, 48]
         v2 = vol.clone()
@@ -198,7 +199,7 @@ _CHILD = textwrap.dedent(
     z, window = int(sys.argv[1]), (None if sys.argv[2] == "None" else int(sys.argv[2]))
     torch.manual_seed(0)
     model = PoreFormer(PoreFormerConfig(d_model=8, n_heads=1, n_layers=1, window=window,
-                                        encoder_channels=(4,), mlp_dwconv=False))
+                                        stem_channels=4, level_channels=(4,), level_attention=(0,)))
     predict(model, Lazy(64), chunk_slices=32, tile=64, out=Sink(64))  # warm-up
     base = status("VmRSS")
     try:
@@ -250,3 +251,31 @@ def test_peak_memory_does_not_grow_with_z(tmp_path):
     # Control: the measurement does see growth. Without a window the cache keeps every slice
     # (64 B per pixel and slice here: +67 MB for 256 more slices of 64 x 64).
     assert full_long["increase"] >= full_short["increase"] + 50e6, (full_short, full_long)
+
+
+def test_bilinear_upsampling_of_a_crop_equals_the_crop_of_the_upsampling():
+    from ctpore.models.poreformer import _up2
+
+    h = torch.randn(2, 3, 11, 13)
+    full = torch.nn.functional.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
+    for rows, cols in [((0, 22), (0, 26)), ((5, 17), (3, 20)), ((1, 2), (25, 26)), ((20, 22), (0, 5))]:
+        torch.testing.assert_close(_up2(h, rows, cols, (22, 26)), full[..., rows[0]:rows[1], cols[0]:cols[1]])
+
+
+def test_plan_fits_the_budget_and_prefers_whole_planes():
+    from ctpore.pipelines.stream import plan_streaming
+
+    model = PoreFormer(PoreFormerConfig())
+    for shape in ((96, 256, 256), (8, 1024, 1024), (2000, 2048, 2048)):
+        for gb in (0.5, 1.0, 4.0):
+            tile, chunk = plan_streaming(model, shape, gb * 2**30)
+            window = min(shape[1], tile + 2 * model.halo), min(shape[2], tile + 2 * model.halo)
+            assert model.inference_bytes(window, (min(tile, shape[1]), min(tile, shape[2])), chunk) <= gb * 2**30
+            assert tile % model.align == 0 and 1 <= chunk <= shape[0]
+    assert plan_streaming(model, (96, 256, 256), 4 * 2**30)[0] == 256  # the whole plane is one tile
+    small = plan_streaming(model, (96, 1024, 1024), 0.5 * 2**30)
+    large = plan_streaming(model, (96, 1024, 1024), 4 * 2**30)
+    assert small[0] * small[1] < large[0] * large[1]  # more memory, bigger pieces
+    with pytest.raises(InputError, match="raise --memory-gb"):
+        plan_streaming(model, (96, 1024, 1024), 1e6)
+
