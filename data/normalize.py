@@ -101,6 +101,13 @@ class NormalizedVolume:
     def __len__(self) -> int:
         return self.shape[0]
 
+    def read_window(self, z0: int, z1: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Slices ``z0:z1`` cropped to rows ``y0:y1`` and columns ``x0:x1``, normalized; reads only
+        the window where the source can (``read_window``)."""
+        if hasattr(self.volume, "read_window"):
+            return normalize(self.volume.read_window(z0, z1, y0, y1, x0, x1), self.lo, self.hi)
+        return normalize(np.asarray(self.volume[z0:z1])[:, y0:y1, x0:x1], self.lo, self.hi)
+
     def __getitem__(self, key) -> np.ndarray:
         if not isinstance(key, slice):
             raise TypeError("NormalizedVolume supports slicing along Z only, e.g. view[z0:z1]")

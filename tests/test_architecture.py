@@ -17,12 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PLUMBING = {"errors", "progress", "atomic"}
 
 
+PACKAGES = ("app", "pipelines", "models", "data", "configs")
+
+
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in ROOT.rglob("*.py"):
+    files = [*ROOT.glob("*.py"), *(f for pkg in PACKAGES for f in (ROOT / pkg).rglob("*.py"))]
+    for path in files:
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in ("tests", "build", "dist") or rel.parts[0].startswith("."):
-            continue
         parts = list(rel.with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]

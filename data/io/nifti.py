@@ -63,6 +63,9 @@ class NiftiReader:
         self.slope = float(self.proxy.slope)
         self.inter = float(self.proxy.inter)
         self.memmap: np.ndarray | None = None  # uncompressed: the whole data, memory-mapped
+        self.offset = int(self.proxy.offset)  # where the voxel data starts in the (uncompressed) file
+        self.disk_dtype = np.dtype(self.proxy.dtype)  # with the file's byte order
+        self._fd: int | None = None  # uncompressed, slice axis 2: read with os.pread
         self.cache: np.ndarray | None = None  # .nii.gz read along i or j: whole raw data
         self.gz = gz
         try:
@@ -118,11 +121,43 @@ class NiftiReader:
         last = tuple(n - 1 for n in self.file_shape)
         np.asarray(self.proxy[last])
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        s = self.perm[0]
+    def _pread(self, start: int, stop: int, rows: slice | None) -> np.ndarray:
+        """Slices ``start:stop`` (rows ``rows``) of an uncompressed file with slice axis 2, by
+        plain reads: the data is z-major there, so each slice's rows are one contiguous range.
+        Unlike the memory map, this leaves nothing of the file in the process's memory."""
+        nx, ny = self.file_shape[0], self.file_shape[1]
+        r0, r1, _ = (rows or slice(None)).indices(ny)
+        item = self.disk_dtype.itemsize
+        out = np.empty((stop - start, r1 - r0, nx), self.disk_dtype)
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        for i, z in enumerate(range(start, stop)):
+            off = self.offset + (z * ny + r0) * nx * item
+            buf = os.pread(self._fd, (r1 - r0) * nx * item, off)
+            if len(buf) != (r1 - r0) * nx * item:
+                raise InputError(f"is truncated: slice {z} ends before its data does", self.path)
+            out[i] = np.frombuffer(buf, self.disk_dtype).reshape(r1 - r0, nx)
+        return apply_read_scaling(out, self.slope, self.inter)
+
+    def read(self, start: int, stop: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
+        """Slices ``start:stop`` as ``(n, Y, X)``; from an uncompressed file only ``rows`` x ``cols``
+        are read (elsewhere the planes are read and cropped)."""
+        s, ya, xa = self.perm
+        if self.memmap is not None and self.perm == (2, 1, 0):
+            out = self._pread(start, stop, rows)  # (n, rows, X)
+            return out if cols is None else out[:, :, cols]
         slicer: list[Any] = [slice(None)] * 3 + [0] * (self.ndim - 3)
         slicer[s] = slice(start, stop)
+        if self.memmap is not None and (rows is not None or cols is not None):
+            slicer[ya] = rows if rows is not None else slice(None)
+            slicer[xa] = cols if cols is not None else slice(None)
+            key = tuple(slicer)
+            raw = apply_read_scaling(np.asarray(self.memmap[key]), self.slope, self.inter)
+            return raw.transpose(self.perm)  # (n, rows, cols)
         key = tuple(slicer)
+        if rows is not None or cols is not None:
+            whole = self.read(start, stop)
+            return whole[:, rows or slice(None), cols or slice(None)]
         if self.memmap is not None:
             raw = apply_read_scaling(np.asarray(self.memmap[key]), self.slope, self.inter)
         elif self.gz and s != 2:
@@ -136,6 +171,9 @@ class NiftiReader:
 
     def close(self) -> None:
         # Dropping the proxy closes the file kept open by nibabel (keep_file_open=True).
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         self.memmap = None
         self.cache = None
         self.proxy = None

@@ -210,6 +210,30 @@ class Scan:
             )
         return out
 
+    def read_window(self, start: int, stop: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Slices ``start:stop``, rows ``y0:y1``, columns ``x0:x1`` as float32 ``(n, h, w)``.
+
+        From an uncompressed NIfTI only the window is read; other formats read the planes and
+        crop them. Raises :class:`InputError` for NaN or Inf in the window, as :meth:`read_slices`.
+        """
+        reader = self._ensure_open()
+        if getattr(reader, "memmap", None) is None:
+            return self.read_slices(start, stop)[:, y0:y1, x0:x1]
+        with self._lock:
+            try:
+                raw = reader.read(start, stop, slice(y0, y1), slice(x0, x1))
+            except (InputError, MemoryError):
+                raise
+            except Exception as exc:
+                raise InputError(f"cannot read slices {start}..{stop - 1}: the file may be truncated or corrupt "
+                                 f"({reason(exc)})", self.path) from exc
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = np.asarray(raw, dtype=np.float32)
+        if not np.isfinite(out).all():
+            raise InputError(f"voxels in slices {start}..{stop - 1} are NaN or Inf (or too large for float32); "
+                             "ctpore never guesses values: replace them and try again", self.path)
+        return np.ascontiguousarray(out)
+
     def read(self, progress: ProgressFn | None = None) -> np.ndarray:
         """The whole volume as float32 ``(Z, Y, X)``, read in chunks of slices.
 

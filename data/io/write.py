@@ -15,7 +15,7 @@ from ctpore.data.io.nifti import nifti_image
 from ctpore.data.io.tiff import write_tiff
 from ctpore.errors import InputError, NonFiniteError
 
-__all__ = ["save_volume"]
+__all__ = ["save_volume", "SlabWriter"]
 
 
 def _cast_exact(volume: np.ndarray, dtype: np.dtype, path: Path) -> np.ndarray:
@@ -119,3 +119,67 @@ def save_volume(
     except OSError as exc:
         raise InputError(f"could not write {path.name} ({reason(exc)})", folder) from exc
     return path
+
+
+class SlabWriter:
+    """Write a ``(Z, Y, X)`` volume to NIfTI slab by slab in z order, whole or not at all.
+
+    For volumes larger than memory: the header is written first, then each :meth:`write`
+    appends slices (``.nii.gz`` compressed on the fly). The data lands in the input's voxel
+    order with its header, as :func:`save_volume` writes it; that needs the slices to be the
+    file's last voxel axis (a NIfTI read with slice axis 2, or a TIFF or array geometry). Use it
+    as a context manager: on an error inside the block the partial file is removed.
+
+    Examples
+    --------
+    >>> with SlabWriter(folder / "pores.nii.gz", geometry, np.uint8) as w:   # doctest: +SKIP
+    ...     for z0 in range(0, nz, 16):
+    ...         w.write(pores_of(z0, z0 + 16))
+    """
+
+    def __init__(self, path: str | Path, geometry: Geometry, dtype: Any, compresslevel: int = 1):
+        import gzip
+
+        self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
+        if file_kind(self.path) != "nifti":
+            raise InputError("a volume written slab by slab must be NIfTI (.nii or .nii.gz)", self.path)
+        if geometry.format == "nifti" and tuple(geometry.permutation) != (2, 1, 0):
+            raise InputError("writing slab by slab needs the slices along the file's third voxel axis "
+                             f"(slice axis 2), not {geometry.slice_axis}; give the scan with slice axis 2 "
+                             "or a larger --memory-gb", self.path)
+        # The header nibabel would write for the whole volume (a zero-strided stand-in for the data).
+        img = nifti_image(np.broadcast_to(np.zeros((), self.dtype), geometry.shape), geometry)
+        img.update_header()
+        self._left = int(geometry.shape[0])
+        self._ctx = atomic_write(self.path)
+        tmp = self._ctx.__enter__()
+        try:
+            gz = self.path.name.lower().endswith(".gz")
+            self._fh = gzip.open(tmp, "wb", compresslevel=compresslevel) if gz else open(tmp, "wb")
+            img.header.write_to(self._fh)
+            self._fh.write(b"\0" * (int(img.header.get_data_offset()) - self._fh.tell()))
+        except BaseException as exc:
+            self._ctx.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def write(self, slab: np.ndarray) -> None:
+        """Append the next ``(n, Y, X)`` slices (their values must fit the dtype exactly)."""
+        slab = np.asarray(slab)
+        if slab.ndim != 3 or slab.shape[1:] != tuple(self.geometry.shape[1:]) or slab.shape[0] > self._left:
+            raise ValueError(f"slab {slab.shape} does not continue the volume {self.geometry.shape}")
+        data = _cast_exact(slab, self.dtype, self.path)
+        self._fh.write(np.ascontiguousarray(data).tobytes())  # file order: x fastest, then y, then z
+        self._left -= slab.shape[0]
+
+    def __enter__(self) -> "SlabWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._fh.close()
+            if exc_type is None and self._left:
+                raise ValueError(f"{self._left} slices of {self.path.name} were never written")
+        except BaseException as err:
+            self._ctx.__exit__(type(err), err, err.__traceback__)
+            raise
+        self._ctx.__exit__(exc_type, exc, tb)

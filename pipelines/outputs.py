@@ -1,0 +1,104 @@
+"""Where a reconstruction's outputs go, and what every metrics file says about the run.
+
+The outputs of a scan are ``<stem>_pores.nii.gz``, ``<stem>_prob.nii.gz`` and
+``<stem>_metrics.json`` (written last). They are checked before any work and the folder is made
+only when there is something to write, so a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Union
+
+from ctpore.data.io import output_stem
+from ctpore.errors import InputError
+
+__all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "run_fields"]
+
+
+def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike]) -> dict:
+    """The three output files of a scan: ``{"pores", "prob", "metrics"}`` -> Path."""
+    stem = output_stem(scan_path)
+    outdir = Path(outdir)
+    return {
+        "pores": outdir / f"{stem}_pores.nii.gz",
+        "prob": outdir / f"{stem}_prob.nii.gz",
+        "metrics": outdir / f"{stem}_metrics.json",
+    }
+
+
+def check_outputs(scan_path, outdir, overwrite: bool) -> dict:
+    """Check, before any work, that the outputs of ``scan_path`` can be written to ``outdir``.
+
+    Nothing is created here: a missing ``outdir`` is made only when there is something to write
+    (:func:`make_outdir`), so a run that fails leaves no empty folder behind. Raises
+    :class:`InputError` when the folder (or the nearest folder that exists above it) is not a
+    writable folder, or when an output exists and ``overwrite`` is false.
+    """
+    outdir = Path(outdir)
+    existing = outdir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "the output path" if existing == outdir else f"{existing} (above it)"
+        raise InputError(f"{what} exists and is not a folder", path=outdir)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write in {existing}: permission denied", path=outdir)
+    paths = output_paths(scan_path, outdir)
+    if not overwrite:
+        for p in paths.values():
+            if p.exists():
+                raise InputError("output exists; pass --overwrite to replace it", path=p)
+    return paths
+
+
+def make_outdir(outdir) -> list[Path]:
+    """Create ``outdir`` (and missing parents); return the folders this created, deepest last."""
+    outdir = Path(outdir)
+    missing = []
+    p = outdir
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder ({exc.strerror or exc})", path=outdir) from None
+    return missing[::-1]
+
+
+def run_fields(shape, geometry, method: str, info: dict) -> dict:
+    """The metrics keys that describe the run rather than the pores (see the metrics contract)."""
+    return {
+        "shape": [int(s) for s in shape],
+        "spacing_mm": [float(s) for s in geometry.spacing_mm],
+        "method": method,
+        "model": info["model"],
+        "device": info["device"],
+        "attention_backend": info["attention_backend"],
+    }
+
+
+@contextmanager
+def output_set(paths: dict) -> Iterator[None]:
+    """Write a scan's outputs as one set: whole, or nothing new left behind.
+
+    Makes the output folder; if anything inside the block fails (or is interrupted), removes the
+    outputs that did not exist before it and the folders it made.
+    """
+    existed = {k: Path(p).exists() for k, p in paths.items()}
+    created = make_outdir(Path(paths["metrics"]).parent)
+    try:
+        yield
+    except BaseException:
+        for k, p in paths.items():
+            if not existed[k] and Path(p).exists():
+                Path(p).unlink()
+        for folder in reversed(created):  # and the folders it made, if they stayed empty
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        raise
