@@ -1,157 +1,248 @@
-"""Speed benchmark of the attention backends through the real streaming path.
+"""``ctpore bench speed``: ``ctpore reconstruct`` beside what users run instead, in one run.
 
-:func:`bench_speed` runs the shipped PoreFormer (or any weights file) through
-:func:`ctpore.pipelines.stream.predict` with ``ctpore reconstruct``'s chunk and tile sizes on a
-random ``size^3`` volume, once per backend per repeat, the backends interleaved so that the machine's drift hits them alike, and
-reports the median voxels per second of each. The same weights are loaded into every backend, so
-it also reports how far each backend's output is from the first one's.
+Every method runs as a whole process on the same generated scan (a simulated ``.nii.gz``, uint16,
+as a scanner writes it), reading it and writing its pores, probability map and metrics: the time
+a user waits and the peak memory (resident set) the process needs. The methods run interleaved,
+``repeats`` times each after one untimed warm-up, and the medians are reported, because this
+kind of machine's speed drifts from minute to minute.
+
+- ``ctpore reconstruct`` with default settings, once per attention backend that can run here;
+- MONAI's 3D U-Net as users set it up and the benchmark's trained 3D U-Net
+  (:mod:`ctpore.pipelines.bench.references`);
+- the filtered-Otsu pipeline users run in Fiji (``ctpore reconstruct --method otsu``).
+
+Beside them: PoreFormer's arithmetic per voxel (convolutions and matrix products counted by
+PyTorch's FLOP counter, the attention's products from its windows) and the share of this
+machine's measured fp32 and bf16 matrix-multiply peak that the model alone reaches.
+``docs/performance.md`` and ``docs/performance.json`` are written from the results (with the GPU
+figures of ``ctpore bench gpu`` when ``docs/gpu.json`` exists).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
+from ctpore.atomic import atomic_write, write_json_atomic
 from ctpore.errors import InputError
-from ctpore.models.attention import BACKENDS, resolve_backend
-from ctpore.models.poreformer import PoreFormer
-from ctpore.models.weights import default_weights_path, load_model
-from ctpore.pipelines.reconstruct import DEFAULTS
-from ctpore.pipelines.stream import predict
 from ctpore.progress import ProgressFn
 
-__all__ = ["bench_speed"]
+__all__ = ["bench_speed", "write_performance", "poreformer_flops_per_voxel", "matmul_peak"]
+
+#: name -> how to run it (``{scan}`` and ``{out}`` are filled in); "ctpore" runs ``ctpore reconstruct``.
+METHODS: dict[str, list[str]] = {
+    "ctpore reconstruct (sdpa)": ["ctpore", "--attention-backend", "sdpa"],
+    "ctpore reconstruct (math)": ["ctpore", "--attention-backend", "math"],
+    "MONAI 3D U-Net (16-32-64-128, 96^3 windows)": ["reference", "monai-unet"],
+    "3D U-Net baseline (trained)": ["reference", "unet3d"],
+    "Filtered Otsu (Fiji pipeline)": ["ctpore", "--method", "otsu"],
+}
+
+
+def _command(spec: list[str], scan: Path, out: Path) -> list[str]:
+    if spec[0] == "ctpore":
+        return [sys.executable, "-m", "ctpore.app.cli", "reconstruct", str(scan), "-o", str(out), "--overwrite",
+                *spec[1:]]
+    return [sys.executable, "-m", "ctpore.pipelines.bench.references", spec[1], str(scan), str(out)]
+
+
+def _run(cmd: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak resident memory (bytes) of one process."""
+    env = dict(os.environ, CTPORE_NO_PROGRESS="1")
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    dt = time.perf_counter() - t
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err.strip()[-500:]}")
+    return dt, int(usage.ru_maxrss) * 1024
+
+
+def matmul_peak(dtype_name: str = "float32", n: int = 2048, repeats: int = 5) -> float:
+    """This machine's matrix-multiply speed in FLOP/s (best of ``repeats`` ``n x n`` products)."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def poreformer_flops_per_voxel(model, chunk: int = 16) -> dict:
+    """FLOPs per voxel of one forward pass: PyTorch's counter for convolutions and products, plus
+    the attention's two products over each block's window (the CPU kernel is not counted)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.zeros(1, chunk, 64, 64)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(x)
+    counted = counter.get_total_flops() / x.numel()
+    attention = 0.0
+    cfg = model.config
+    blocks = [(b, 4**lv) for lv, level in enumerate(model.level_blocks, start=1) for b in level]
+    blocks += [(b, 1) for b in model.blocks]
+    for blk, per in blocks:
+        keys = min(blk.attn.window or chunk, chunk)
+        attention += 4 * blk.attn.head_dim * cfg.n_heads * keys / per  # QK^T and AV, 2 FLOPs a MAC
+    return {"counted": counted, "attention": attention, "total": counted + attention}
+
+
+def _model_speed(model, shape, tile, chunk) -> float:
+    from ctpore.pipelines.stream import predict
+
+    vol = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    predict(model, vol[: min(chunk, shape[0])], chunk_slices=chunk, tile=tile)
+    t = time.perf_counter()
+    predict(model, vol, chunk_slices=chunk, tile=tile)
+    return vol.size / (time.perf_counter() - t)
 
 
 def bench_speed(
-    size: int = 128,
-    backends: Sequence[str] = ("math", "sdpa"),
+    shape: tuple[int, int, int] = (96, 256, 256),
     repeats: int = 3,
-    window: int | None = None,
-    progress: ProgressFn = None,
-    *,
-    chunk_slices: int = DEFAULTS["chunk_slices"],
-    tile: int = DEFAULTS["tile"],
-    weights: str | Path | None = None,
-    device: str | None = None,
+    workdir: str | Path = "runs/speed",
+    methods: Sequence[str] | None = None,
     seed: int = 0,
+    progress: ProgressFn = None,
 ) -> dict[str, Any]:
-    """Median voxels/s of :func:`~ctpore.pipelines.stream.predict` for each attention backend.
+    """Time every method in :data:`METHODS` (or ``methods``) on one generated scan; see the module docstring."""
+    import nibabel as nib
+    import torch
 
-    Parameters
-    ----------
-    size : int
-        The volume is ``size^3`` standard-normal voxels.
-    backends : sequence of str
-        Backends to time (``math``, ``sdpa``, ``flash``, ``auto``); one that cannot run here
-        (``flash`` without a GPU) is reported as unavailable, with the reason.
-    repeats : int
-        Timed runs per backend, interleaved (math, sdpa, math, sdpa, ...), after one untimed
-        warm-up run per backend on a small volume.
-    window : int, optional
-        Override the model's look-back window (None: the model's own).
-    progress : callable, optional
-        ``progress(done, total, "bench <backend>")`` after each timed run.
-    chunk_slices, tile : int
-        Passed to ``predict`` (default: those of ``ctpore reconstruct``).
-    weights : path, optional
-        The model to time (default: the shipped PoreFormer).
-    device : str, optional
-        Default CPU.
-    seed : int
-        Seed of the random volume.
+    from ctpore.data.synthetic import make_pair
+    from ctpore.models.weights import default_weights_path, load_model
+    from ctpore.pipelines.stream import plan_streaming
+    from ctpore.runtime import current_rss
 
-    Returns
-    -------
-    dict
-        ``{"size", "voxels", "window", "repeats", "chunk_slices", "tile", "device",
-        "torch_threads", "torch_version", "n_params", "backends": {name: {...}}}`` where each
-        available backend has ``voxels_per_s_median``, ``seconds`` (every run),
-        ``seconds_median`` and ``max_abs_diff`` (probabilities vs the first backend), and an
-        unavailable one ``{"available": False, "reason": ...}``.
-
-    Examples
-    --------
-    >>> r = bench_speed(size=8, repeats=1)
-    >>> sorted(r["backends"])
-    ['math', 'sdpa']
-    """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise InputError(f"size must be an integer >= 1, got {size!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise InputError(f"repeats must be an integer >= 1, got {repeats!r}")
-    backends = list(dict.fromkeys(backends))
-    if not backends:
-        raise InputError("backends must name at least one of " + ", ".join(BACKENDS))
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-
-    path = Path(weights) if weights is not None else default_weights_path()
-    if path is None:
-        raise InputError("no PoreFormer weights are installed; give a weights file to time")
-    base = load_model(path, attention_backend="sdpa")
-    config = base.config
-    if window is not None:
-        config = dataclasses.replace(config, window=window)  # no parameter changes: same weights
-    state = base.state_dict()
-    models: dict[str, PoreFormer] = {}
-    result: dict[str, Any] = {
-        "size": size,
-        "voxels": size**3,
-        "weights": path.name,
-        "window": config.window,
-        "repeats": repeats,
-        "chunk_slices": chunk_slices,
-        "tile": tile,
-        "device": str(dev),
-        "torch_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
-        "n_params": sum(v.numel() for v in state.values()),
-        "backends": {},
-    }
-    for name in backends:
-        try:
-            resolved = resolve_backend(name, config.d_model // config.n_heads)
-        except InputError as exc:
-            if name not in BACKENDS:
-                raise
-            result["backends"][name] = {"available": False, "reason": str(exc)}
-            continue
-        m = PoreFormer(dataclasses.replace(config, attention_backend=name))
-        m.load_state_dict(state)
-        models[name] = m.to(dev).eval()
-        result["backends"][name] = {"available": True, "resolved": resolved, "seconds": []}
-
-    rng = np.random.default_rng(seed)
-    volume = rng.standard_normal((size, size, size), dtype=np.float32)
-    warm = volume[: min(size, 8), : min(size, 32), : min(size, 32)]
-    for m in models.values():  # untimed: first-call costs (kernel selection, page faults)
-        predict(m, warm, chunk_slices=chunk_slices, tile=tile)
-
-    first: np.ndarray | None = None
-    total, done = repeats * len(models), 0
-    for rep in range(repeats):
-        for name, m in models.items():
-            t0 = time.perf_counter()
-            prob = predict(m, volume, chunk_slices=chunk_slices, tile=tile)
-            dt = time.perf_counter() - t0
-            entry = result["backends"][name]
-            entry["seconds"].append(dt)
-            if rep == 0:
-                if first is None:
-                    first = prob
-                entry["max_abs_diff"] = float(np.abs(prob - first).max())
+    if repeats < 1:
+        raise InputError(f"repeats must be >= 1, got {repeats}")
+    names = list(METHODS) if methods is None else list(methods)
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise InputError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    scan = workdir / f"scan_{'x'.join(map(str, shape))}.nii.gz"
+    if not scan.exists():
+        vol, _truth, _info = make_pair(seed, shape=tuple(shape))
+        img = nib.Nifti1Image(np.ascontiguousarray(vol.T), np.diag([0.01, 0.01, 0.01, 1.0]))
+        img.header.set_xyzt_units("mm")
+        with atomic_write(scan) as tmp:
+            nib.save(img, str(tmp))
+    total, done = len(names) * (repeats + 1), 0
+    runs: dict[str, dict[str, list]] = {m: {"seconds": [], "peak_rss_bytes": []} for m in names}
+    for rep in range(repeats + 1):  # the first round warms the disk cache and is not kept
+        for m in names:
+            dt, rss = _run(_command(METHODS[m], scan, workdir / "out"))
+            if rep:
+                runs[m]["seconds"].append(dt)
+                runs[m]["peak_rss_bytes"].append(rss)
             done += 1
             if progress is not None:
-                progress(done, total, f"bench {name}")
-    for name in models:
-        entry = result["backends"][name]
-        med = statistics.median(entry["seconds"])
-        entry["seconds_median"] = med
-        entry["voxels_per_s_median"] = size**3 / med
-    return result
+                progress(done, total, m)
+    nvox = int(np.prod(shape))
+    rows = {}
+    for m in names:
+        sec = statistics.median(runs[m]["seconds"])
+        rows[m] = {"seconds_median": sec, "voxels_per_s": nvox / sec,
+                   "peak_rss_gb": statistics.median(runs[m]["peak_rss_bytes"]) / 2**30, **runs[m]}
+    model = load_model(default_weights_path())
+    tile, chunk = plan_streaming(model, shape, 1.5 * 2**30 - current_rss() - nvox * 9)
+    flops = poreformer_flops_per_voxel(model, chunk)
+    model_vps = _model_speed(model, shape, tile, chunk)
+    peaks = {d: matmul_peak(d) for d in ("float32", "bfloat16")}
+    res = {
+        "shape": list(shape), "voxels": nvox, "repeats": repeats,
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "methods": rows,
+        "poreformer": {"flops_per_voxel": flops, "model_voxels_per_s": model_vps, "tile": tile, "chunk_slices": chunk,
+                       "params": model.n_params()},
+        "matmul_peak_flops": peaks,
+        "peak_fraction": {d: flops["total"] * model_vps / p for d, p in peaks.items()},
+    }
+    ref = next((m for m in names if m.startswith("MONAI")), None)
+    for m in names:
+        if ref is not None:
+            rows[m]["vs_monai_unet"] = rows[m]["voxels_per_s"] / rows[ref]["voxels_per_s"]
+    return res
+
+
+def write_performance(res: dict, outdir: str | Path = "docs", command: str = "ctpore bench speed") -> Path:
+    """``performance.json`` and ``performance.md`` in ``outdir`` (the GPU section from ``gpu.json`` there)."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(outdir / "performance.json", res)
+    z, y, x = res["shape"]
+    pf = res["poreformer"]
+    lines = [
+        "# Performance: `ctpore reconstruct` beside what users run instead",
+        "",
+        f"Reproduce: `{command}` ({res['machine']}, torch {res['torch']}, {res['torch_threads']} threads).",
+        "",
+        f"Each method is a whole process on the same simulated {z} x {y} x {x} uint16 scan (`.nii.gz`): it",
+        "reads the scan, segments it, writes the pores and the probability map (`.nii.gz`) and the metrics.",
+        f"Medians of {res['repeats']} interleaved runs after a warm-up; peak memory is the process's peak",
+        "resident set.",
+        "",
+        "| method | seconds | voxels / s | vs MONAI 3D U-Net | peak memory (GB) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m, r in res["methods"].items():
+        vs = f"{r['vs_monai_unet']:.2f}x" if "vs_monai_unet" in r else "-"
+        lines.append(f"| {m} | {r['seconds_median']:.2f} | {r['voxels_per_s']:.3g} | {vs} | {r['peak_rss_gb']:.2f} |")
+    fl = pf["flops_per_voxel"]
+    lines += [
+        "",
+        "## PoreFormer's arithmetic",
+        "",
+        f"{fl['total'] / 1e3:.1f} kFLOP per voxel ({fl['counted'] / 1e3:.1f} k in convolutions and matrix products, "
+        f"{fl['attention'] / 1e3:.1f} k in the attention's products), {pf['params']:,} parameters. "
+        f"The model alone streams {pf['model_voxels_per_s']:.3g} voxels/s here (tile {pf['tile']}, "
+        f"{pf['chunk_slices']} slices a chunk), "
+        f"{100 * res['peak_fraction']['float32']:.0f}% of this machine's measured fp32 matrix-multiply peak "
+        f"({res['matmul_peak_flops']['float32'] / 1e9:.0f} GFLOP/s; bf16: "
+        f"{res['matmul_peak_flops']['bfloat16'] / 1e9:.0f} GFLOP/s). The rest goes to memory traffic and the "
+        "attention kernel's per-column overhead (16-slice sequences of head size 16 are small problems).",
+    ]
+    gpu = outdir / "gpu.json"
+    lines += ["", "## On a GPU", ""]
+    if gpu.exists():
+        g = json.loads(gpu.read_text())
+        lines += [f"`ctpore bench gpu` on {g['gpu']} (torch {g['torch']}, CUDA {g['cuda']}):", "",
+                  "| scan | seconds | voxels / s | model alone, voxels / s | backend that ran |", "|---|---:|---:|---:|---|"]
+        for r in g["reconstruct"]:
+            mo = r.get("model_only", {})
+            lines.append(f"| {' x '.join(map(str, r['shape']))} | {r['seconds']:.1f} | {r['voxels_per_s']:.3g} | "
+                         f"{mo.get('voxels_per_s', float('nan')):.3g} | {r.get('attention_backend', '?')} |")
+        ag = g["agreement"]
+        lines += ["", "Largest error against the fp32 math path, bf16: " + ", ".join(
+            f"{k} {v['max_abs_error_bf16']:.2e}" for k, v in ag.items() if isinstance(v, dict) and v.get("available"))]
+    else:
+        lines += ["No CUDA GPU was available where these figures were made: the GPU path (bf16 autocast, so that",
+                  "FlashAttention is what runs) is tested here with a stand-in kernel only. `ctpore bench gpu` runs",
+                  "its checks and timings in one go on a CUDA machine and writes `docs/gpu.json`, which this page then",
+                  "shows."]
+    path = outdir / "performance.md"
+    with atomic_write(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    return path
