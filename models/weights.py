@@ -4,8 +4,8 @@ A PoreFormer weights file is a safetensors file whose metadata holds ``"config"`
 :class:`~ctpore.models.poreformer_config.PoreFormerConfig` as JSON), ``"format"``
 (``"ctpore.poreformer"``), ``"ctpore_version"`` and any extra string metadata given to
 :func:`save_weights`. A U-Net weights file holds its config dict under ``"config"``. Exported
-weights also carry their post-processing (threshold, speck size, two-direction averaging, the
-probability calibration), read back by :func:`read_postprocessing`. A training checkpoint
+weights also carry their post-processing (threshold, speck size, the probability calibration),
+read back by :func:`read_postprocessing`. A training checkpoint
 (:func:`save_checkpoint`) holds the model and optimizer tensors, with the step, config and history
 as metadata. Pickle-based checkpoints (``.pt``, ``.pth``, ``.ckpt``, ...) are refused: unpickling
 runs code from the file.
@@ -30,6 +30,7 @@ __all__ = [
     "Postprocessing",
     "default_weights_path",
     "load_checkpoint",
+    "load_for_inference",
     "load_model",
     "load_unet",
     "read_metadata",
@@ -302,8 +303,6 @@ class Postprocessing:
         Pores are ``raw probability >= threshold``.
     min_size : int
         Pore components and solid islands smaller than this (voxels) are removed (0: none).
-    bidirectional : bool
-        Average a causal model's pass with a pass over the reversed stack.
     calibration : dict or None
         The monotone map applied to the probability map (``{"x", "y", "n"}``, see
         :mod:`ctpore.data.calibration`); None: probabilities as the network gives them.
@@ -311,7 +310,6 @@ class Postprocessing:
 
     threshold: float = 0.5
     min_size: int = 0
-    bidirectional: bool = False
     calibration: dict | None = None
 
 
@@ -345,9 +343,23 @@ def read_postprocessing(path: str | Path, meta: dict | None = None) -> Postproce
     return Postprocessing(
         threshold=float(meta.get("threshold", 0.5)),
         min_size=int(meta.get("min_size", 0)),
-        bidirectional=str(meta.get("bidirectional", "false")).lower() == "true",
         calibration=cal,
     )
+
+
+def load_for_inference(path: str | Path | None = None, device: str | torch.device | None = None,
+                       attention_backend: str | None = None):
+    """A PoreFormer ready to reconstruct: ``(model, metadata, Postprocessing, path)``.
+
+    ``path`` None: the shipped weights (an :class:`InputError` says what to do when there are
+    none). ``attention_backend`` overrides the stored one.
+    """
+    p = Path(path) if path is not None else default_weights_path()
+    if p is None:
+        raise InputError("no PoreFormer weights are installed; give --weights FILE.safetensors or use --method otsu")
+    model = load_model(p, device=device, attention_backend=attention_backend)
+    meta = read_metadata(p)
+    return model, meta, read_postprocessing(p, meta), p
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int,
