@@ -468,18 +468,33 @@ class PoreFormer(nn.Module):
             u = F.interpolate(u, size=skip.shape[-2:], mode="bilinear", align_corners=False)
             u = _channels_last(_gelu(self.fuse[lv - 1](torch.cat([u, skip], dim=1))))
         u = self.up_proj(u)  # (Z*B, d, Y'/2, X'/2): projected before upsampling (both are linear)
-        # Full-resolution tokens, attention and head, in bands of rows of the token region: the
-        # working memory of this part follows the band, not the tile.
-        d = cfg.d_model
-        per_band = _BAND_TOKENS * (32 if x.is_cuda else 1)  # a GPU wants large launches
-        band = oy if torch.is_grad_enabled() else max(1, min(oy, per_band // max(1, b * ox * z)))
         full = [None if caches is None else caches.pop(0) for _ in self.blocks]
+        logits = self._full_resolution(x, u, s0, (mt, mb, ml, mr), zfeat, full, need_weights, check, maps)
+        if cache is not None:
+            for c in cache:
+                c.next_z = z0 + z
+        if check:
+            check_finite(logits, "head", "logits")
+        return logits, maps
+
+    def _full_resolution(self, x, u, s0, margins, zfeat, caches, need_weights, check, maps) -> torch.Tensor:
+        """Full-resolution tokens, their attention and the head, in bands of rows of the token region.
+
+        The working memory of this part follows the band, not the tile (in inference; training
+        and attention maps take the region whole). ``u`` is the projected 1/2-resolution map,
+        ``s0`` the stem features; returns the logits ``(B, Z, oy, ox)``.
+        """
+        b, z, y, xx = x.shape
+        mt, mb, ml, mr = margins
+        oy, ox, d = y - mt - mb, xx - ml - mr, self.config.d_model
+        per_band = _BAND_TOKENS * (32 if x.is_cuda else 1)  # a GPU wants large launches
+        whole = torch.is_grad_enabled() or need_weights or b > 1
+        band = oy if whole else max(1, min(oy, per_band // max(1, ox * z)))
+        fold = None if (torch.is_grad_enabled() or need_weights or check) else self._fold_last_block()
         logits = torch.empty((b, z, oy, ox), dtype=x.dtype, device=x.device)
         for r0 in range(0, oy, band):
             r1 = min(oy, r0 + band)
-            rows = slice(b * ox * r0, b * ox * r1) if b == 1 else None
-            if rows is None and band < oy:
-                raise ValueError("band processing needs a batch of one")
+            rows = slice(ox * r0, ox * r1) if band < oy else None  # this band's pixel columns
             up = _up2(u, (mt + r0, mt + r1), (ml, xx - mr), s0.shape[-2:])  # (Z*B, d, rb, ox)
             st = self.stem_proj(s0[:, :, mt + r0 : mt + r1, ml : xx - mr])
             if check:
@@ -492,28 +507,21 @@ class PoreFormer(nn.Module):
                 torch.add(up.permute(0, 2, 3, 1).reshape(z, b, rb, ox, d),
                           st.permute(0, 2, 3, 1).reshape(z, b, rb, ox, d), out=tok.permute(3, 0, 1, 2, 4))
                 tok = tok.view(b * rb * ox, z, d)
-            band_rows = rows if band < oy else None
-            fold = self._fold_last_block() if not (torch.is_grad_enabled() or need_weights or check) else None
-            for i, (blk, c) in enumerate(zip(self.blocks, full)):
-                if fold is not None and i == len(self.blocks) - 1:
-                    break
-                tok, w = blk(tok, zfeat, c, need_weights, check, band_rows, b * oy * ox)
+            n_run = len(self.blocks) - (fold is not None)
+            for blk, c in zip(self.blocks[:n_run], caches):
+                tok, w = blk(tok, zfeat, c, need_weights, check, rows, b * oy * ox)
                 if w is not None:
                     maps.append((1, (oy, ox), w))
             if fold is None:
                 lg = self.head(tok)  # (N, Z, 1)
             else:  # head(t + proj(a)) = head(t) + (head . proj)(a): no projection, no residual add
                 last, (w_t, w_a, bias) = self.blocks[-1], fold
-                a = last.attn(last.ln1(tok), pos_v=None if last.pos is None else last.pos(zfeat), cache=full[-1],
-                              cache_rows=band_rows, n_rows=b * oy * ox, project_out=False)
+                a = last.attn(last.ln1(tok), pos_v=None if last.pos is None else last.pos(zfeat), cache=caches[-1],
+                              cache_rows=rows, n_rows=b * oy * ox, project_out=False)
                 lg = torch.addmm(bias, tok.view(-1, d), w_t).addmm_(a.reshape(-1, d), w_a)
             logits[:, :, r0:r1] = lg.view(b, rb, ox, z).permute(0, 3, 1, 2)
-        if cache is not None:
-            if band < oy:
-                for c in full:
+        if band < oy:
+            for c in caches:
+                if c is not None:
                     c.commit(z)
-            for c in cache:
-                c.next_z = z0 + z
-        if check:
-            check_finite(logits, "head", "logits")
-        return logits, [(s, hw, w) for s, hw, w in maps]
+        return logits
