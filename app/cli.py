@@ -1,7 +1,7 @@
 """The ``ctpore`` command. Thin: parse, call a pipeline, print.
 
 Exit codes: 0 done; 2 bad input or usage (one line on stderr naming the file and what is wrong);
-1 internal error.
+1 internal error; ``batch``: 3 when some scans failed and the rest were done.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ctpore import __version__
 from ctpore.errors import InputError
 from ctpore.runtime import tune_allocator
 
-EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
 
 
 class _Progress:
@@ -129,6 +129,57 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
             line += f"  Dice {m['dice']:.4f}  MSE {m['mse']:.5f}"
         click.echo(line)
     return EXIT_INPUT if failed else EXIT_OK
+
+
+@cli.command()
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
+              help="Output folder: each scan's outputs as for reconstruct, and batch_report.jsonl.")
+@click.option("--scheduler", default=None, help="Address of a running Dask scheduler (tcp://host:8786); "
+              "default: a local cluster on 127.0.0.1.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1),
+              help="Worker processes of the local cluster (CPU; with CUDA one per GPU).")
+@click.option("--gpus-per-worker", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--retries", default=2, show_default=True, type=click.IntRange(0),
+              help="Times a scan is tried again when its worker dies (never for bad input).")
+@click.option("--part", default=None, help="Do only share I/N of the manifest (every N-th scan from the I-th), "
+              "for job arrays.")
+@click.option("--method", default="auto", show_default=True,
+              type=click.Choice(["auto", "poreformer", "otsu", "plain-otsu"]))
+@click.option("--weights", type=click.Path(path_type=Path), default=None, help="PoreFormer weights (.safetensors).")
+@click.option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default="1.5",
+              type=click.FloatRange(0.25), help="Memory budget of each worker's scan.")
+def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb):
+    """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
+
+    MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
+    'label' and 'slice_axis' columns (relative paths are relative to the manifest). Exit codes:
+    0 all done, 3 some scans failed (named in OUTDIR/batch_report.jsonl), 2 bad manifest or options.
+    """
+    from ctpore.pipelines.batch import run_batch, summarize
+
+    def said(rec):
+        if rec["status"] == "failed":
+            click.echo(f"failed: {rec['error']}", err=True)
+
+    with _Progress("batch") as bar:
+        res = run_batch(manifest, outdir, scheduler=scheduler, workers=workers, gpus_per_worker=gpus_per_worker,
+                        retries=retries, part=part, progress=bar, on_record=said,
+                        options={"method": method, "weights": weights, "memory_gb": memory_gb})
+    s = summarize(res["records"])
+    if res["dashboard"]:
+        click.echo(f"Dask dashboard was at {res['dashboard']}")
+    click.echo(f"{'scan':<40} {'status':<8} {'porosity':>9} {'Euler':>7} {'seconds':>8}")
+    for r in res["records"]:
+        m = r.get("metrics") or {}
+        click.echo(f"{Path(r['scan']).name:<40} {r['status']:<8} {m.get('porosity', float('nan')):9.4f} "
+                   f"{m.get('euler_number', ''):>7} {r.get('seconds', 0):8.1f}")
+    line = f"{s['done']} done, {s['skipped']} already done, {s['failed']} failed"
+    if "mean_dice" in s:
+        line += (f"; with labels: mean MSE {s['mean_mse']:.5f}, Dice {s['mean_dice']:.4f}, "
+                 f"Euler error {s['mean_euler_error_rel']:.3f}")
+    click.echo(line + f"  (report: {Path(outdir) / 'batch_report.jsonl'})")
+    return EXIT_PARTIAL if s["failed"] else EXIT_OK
 
 
 @cli.command()

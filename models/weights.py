@@ -13,6 +13,7 @@ runs code from the file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
@@ -357,9 +358,25 @@ def load_for_inference(path: str | Path | None = None, device: str | torch.devic
     p = Path(path) if path is not None else default_weights_path()
     if p is None:
         raise InputError("no PoreFormer weights are installed; give --weights FILE.safetensors or use --method otsu")
-    model = load_model(p, device=device, attention_backend=attention_backend)
-    meta = read_metadata(p)
-    return model, meta, read_postprocessing(p, meta), p
+    try:
+        stat = p.resolve().stat()
+    except OSError:
+        stat = None  # load_model says what is wrong with the path
+    if stat is None:
+        model = load_model(p, device=device, attention_backend=attention_backend)
+        meta = read_metadata(p)
+        return model, meta, read_postprocessing(p, meta), p
+    return _cached_for_inference(str(p.resolve()), stat.st_size, stat.st_mtime_ns, str(device),
+                                 attention_backend) + (p,)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_for_inference(path: str, size: int, mtime_ns: int, device: str, attention_backend: str | None):
+    """The weights read once per process (a batch worker runs many scans with the same file);
+    the key includes the file's size and modification time, so a changed file is read again."""
+    model = load_model(path, device=None if device == "None" else device, attention_backend=attention_backend)
+    meta = read_metadata(path)
+    return model, meta, read_postprocessing(path, meta)
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int,

@@ -48,14 +48,14 @@ class BlockSpill:
     Stands as ``predict``'s ``out``: ``spill[z0:z1, y0:y1, x0:x1] = block``. Each tile (the
     ``(y0:y1, x0:x1)`` of its blocks) gets its own region of the file, slices one after the
     other, so writing a block is one write and :meth:`read` of a slab one read per tile. The
-    data goes through the page cache, not the process's memory. The file is removed by
-    :meth:`close`.
+    data goes through the page cache, not the process's memory. The file has no name (it is
+    unlinked as soon as it is made), so it vanishes with :meth:`close` or with the process.
     """
 
     def __init__(self, folder: str | os.PathLike, shape: tuple[int, int, int]):
         self.shape = tuple(int(s) for s in shape)
         fd, name = tempfile.mkstemp(prefix=".ctpore-spill-", suffix=".f32", dir=folder)
-        self.path = Path(name)
+        os.unlink(name)  # nameless from the start: even a killed run leaves nothing behind
         self._fd = fd
         self._tiles: dict[tuple[int, int, int, int], int] = {}  # (y0, y1, x0, x1) -> byte offset
         self._end = 0
@@ -84,7 +84,6 @@ class BlockSpill:
 
     def close(self) -> None:
         os.close(self._fd)
-        self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> "BlockSpill":
         return self
@@ -277,29 +276,52 @@ def reconstruct_large(
     return metrics
 
 
+class _RawCopy:
+    """A scan copied to a nameless temporary float32 file (z-major), read back window by window."""
+
+    def __init__(self, scan: Scan, folder: Path, progress: ProgressFn):
+        self.shape = tuple(int(s) for s in scan.shape)
+        nz, ny, nx = self.shape
+        fd, name = tempfile.mkstemp(prefix=".ctpore-scan-", suffix=".f32", dir=folder)
+        os.unlink(name)
+        self._fd = fd
+        step = max(1, (64 << 20) // (4 * ny * nx))
+        for z0 in range(0, nz, step):
+            block = np.ascontiguousarray(scan.read_slices(z0, min(nz, z0 + step)), np.float32)
+            os.pwrite(fd, block.tobytes(), z0 * ny * nx * 4)
+            if progress is not None:
+                progress(min(nz, z0 + step), nz, "decompressing the scan")
+
+    def read_window(self, z0: int, z1: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        _nz, ny, nx = self.shape
+        out = np.empty((z1 - z0, y1 - y0, x1 - x0), np.float32)
+        for i, z in enumerate(range(z0, z1)):
+            raw = os.pread(self._fd, (y1 - y0) * nx * 4, (z * ny + y0) * nx * 4)
+            out[i] = np.frombuffer(raw, np.float32).reshape(y1 - y0, nx)[:, x0:x1]
+        return out
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        z0, z1, _ = key.indices(self.shape[0])
+        return self.read_window(z0, z1, 0, self.shape[1], 0, self.shape[2])
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 @contextmanager
 def _windowed(scan: Scan, folder: Path, shape, tile: int, halo: int, progress: ProgressFn) -> Iterator:
     """``scan``, or, when it is compressed and the plane takes several tiles, a temporary
-    uncompressed copy beside the outputs: each tile streams through every slice, and reading a
-    window of an uncompressed file costs only that window (a ``.nii.gz`` would be decompressed
-    again for every tile)."""
+    uncompressed copy beside the outputs (nameless, so nothing is left behind): each tile streams
+    through every slice, and reading a window of an uncompressed copy costs only that window (a
+    ``.nii.gz`` would be decompressed again for every tile)."""
     from ctpore.pipelines.stream import plan_tiles
 
     compressed = scan.path.name.lower().endswith(".gz")
-    if not compressed or len(plan_tiles(shape[1], shape[2], tile, halo)) == 1 or scan.geometry.permutation != (2, 1, 0):
+    if not compressed or len(plan_tiles(shape[1], shape[2], tile, halo)) == 1:
         yield scan
         return
-    fd, name = tempfile.mkstemp(prefix=".ctpore-scan-", suffix=".nii", dir=folder)
-    os.close(fd)
-    tmp = Path(name)
+    copy = _RawCopy(scan, folder, progress)
     try:
-        step = max(1, (64 << 20) // (4 * shape[1] * shape[2]))
-        with SlabWriter(tmp, scan.geometry, np.float32) as w:
-            for z0 in range(0, shape[0], step):
-                w.write(scan.read_slices(z0, min(shape[0], z0 + step)))
-                if progress is not None:
-                    progress(min(shape[0], z0 + step), shape[0], "decompressing the scan")
-        with load_scan(tmp) as copy:
-            yield copy
+        yield copy
     finally:
-        tmp.unlink(missing_ok=True)
+        copy.close()

@@ -15,7 +15,7 @@ from typing import Iterator, Union
 from ctpore.data.io import output_stem
 from ctpore.errors import InputError
 
-__all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "run_fields"]
+__all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "remove_stale_temps", "run_fields"]
 
 
 def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike]) -> dict:
@@ -102,3 +102,26 @@ def output_set(paths: dict) -> Iterator[None]:
             except OSError:
                 pass
         raise
+
+
+def remove_stale_temps(paths: dict) -> int:
+    """Remove the temporary files a killed earlier run left for these outputs; return how many.
+
+    A file is written to ``.<name stem>.tmp-XXXXXXXX<suffix>`` beside it and renamed when whole
+    (:func:`ctpore.atomic.atomic_write`); a run killed mid-write leaves that temporary behind.
+    Only the temporaries of these outputs are touched (another run writing other scans into the
+    same folder keeps its own).
+    """
+    n = 0
+    for p in map(Path, paths.values()):
+        if not p.parent.is_dir():
+            continue
+        name = p.name
+        stem = name[:-7] if name.lower().endswith(".nii.gz") else (p.stem or name)
+        for stale in p.parent.glob(f".{stem}.tmp-*"):
+            try:
+                stale.unlink()
+                n += 1
+            except OSError:
+                pass
+    return n

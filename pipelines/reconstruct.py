@@ -30,7 +30,7 @@ from ctpore.data.metrics import comparison_metrics, volume_metrics
 from ctpore.data.normalize import NormalizedVolume, intensity_range
 from ctpore.errors import InputError
 from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
-from ctpore.pipelines.outputs import check_outputs, output_paths, output_set, run_fields
+from ctpore.pipelines.outputs import check_outputs, output_paths, output_set, remove_stale_temps, run_fields
 from ctpore.progress import ProgressFn
 from ctpore.runtime import current_rss
 
@@ -265,8 +265,11 @@ def reconstruct_file(
     memory_gb: float = DEFAULTS["memory_gb"],
     precision: str = DEFAULTS["precision"],
     attention_backend: Optional[str] = None,
+    annotate: Optional[dict] = None,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring).
+
+    ``annotate``: extra keys for the metrics file (``ctpore batch`` records its options there).
 
     Returns
     -------
@@ -274,6 +277,7 @@ def reconstruct_file(
         ``{"pores": Path, "prob": Path, "metrics": Path, "result": metrics dict}``.
     """
     paths = check_outputs(scan_path, outdir, overwrite)
+    remove_stale_temps(paths)  # what a killed earlier run of this scan left half-written
     if resolve_method(method, weights) == "poreformer":
         # Slab by slab, so that memory does not grow with the number of slices (the figures
         # equal the in-memory ones; see ctpore.pipelines.large).
@@ -285,6 +289,7 @@ def reconstruct_file(
                 memory_gb=memory_gb, precision=precision, chunk_slices=chunk_slices, tile=tile, progress=progress,
                 attention_backend=attention_backend,
             )
+            metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)
         return {**paths, "result": metrics}
     result = reconstruct(
@@ -292,6 +297,7 @@ def reconstruct_file(
         chunk_slices=chunk_slices, tile=tile, progress=progress, memory_gb=memory_gb, precision=precision,
         attention_backend=attention_backend,
     )
+    result.metrics.update(annotate or {})
     with output_set(paths):
         save_volume(paths["pores"], result.pores, result.geometry, dtype=np.uint8)
         save_volume(paths["prob"], result.probability, result.geometry, dtype=np.float32)

@@ -1,0 +1,353 @@
+"""``ctpore batch``: many scans through ``reconstruct_file`` on a Dask cluster, resumable.
+
+One task per scan, each a call of :func:`ctpore.pipelines.reconstruct.reconstruct_file` on a Dask
+worker (weights loaded once per worker process and kept). Dask places the tasks; this module
+reads the manifest, checks everything that can be checked before any work, skips scans already
+done, and writes ``OUTDIR/batch_report.jsonl``: one line per scan as it ends (scan, status,
+metrics or error, seconds, worker, attempts). A scan with bad input fails alone, with its
+one-line error; the others go on. A scan whose worker died is tried again, up to ``retries``
+times. A run killed part-way loses nothing finished (every output is written whole or not at
+all, the metrics last) and the next run picks up where it stopped.
+
+Clusters
+--------
+No scheduler address: a ``LocalCluster`` on 127.0.0.1, one worker process per CPU worker asked
+for, or one worker per GPU when CUDA is present (dask-cuda's ``LocalCUDACluster`` where
+installed), each GPU worker holding the resource ``GPU=1`` so that a GPU takes one scan at a
+time. With an address (``tcp://host:8786``): that cluster, e.g. one started by dask-jobqueue on
+SLURM; workers started with ``--resources GPU=1`` get one scan per GPU. No CUDA context is
+made in this (driver) process.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ctpore.errors import InputError
+from ctpore.progress import ProgressFn
+
+__all__ = ["ScanTask", "read_manifest", "select_part", "run_batch", "run_task", "summarize", "REPORT_NAME"]
+
+REPORT_NAME = "batch_report.jsonl"
+
+
+@dataclass(frozen=True)
+class ScanTask:
+    """One scan of a manifest: its path, optional label and slice axis, and its row (1-based)."""
+
+    scan: str
+    label: Optional[str] = None
+    slice_axis: Optional[int] = None
+    row: int = 0
+
+
+def _resolve(base: Path, value: str) -> str:
+    p = Path(value.strip()).expanduser()
+    return str(p if p.is_absolute() else (base / p))
+
+
+def read_manifest(path: str | os.PathLike) -> list[ScanTask]:
+    """The scans of a manifest: a text file of paths (one a line; ``#`` comments) or a CSV file
+    with a ``scan`` column and optional ``label`` and ``slice_axis`` columns. Relative paths
+    are relative to the manifest's folder.
+
+    Raises
+    ------
+    InputError
+        For a missing or empty manifest, a CSV without a ``scan`` column, a bad slice axis or a
+        listed path that does not exist (all before any work).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such manifest file" if not path.exists() else "the manifest is not a file", path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the manifest ({exc})", path) from None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise InputError("the manifest lists no scans", path)
+    base = path.parent
+    tasks: list[ScanTask] = []
+    is_csv = path.suffix.lower() == ".csv" or "," in lines[0]
+    if is_csv:
+        rows = list(csv.DictReader(lines))
+        fields = [f.strip().lower() for f in (csv.DictReader(lines[:1]).fieldnames or [])]
+        if "scan" not in fields:
+            raise InputError(f"a CSV manifest needs a 'scan' column; its header is {', '.join(fields) or '(empty)'}",
+                             path)
+        for i, row in enumerate(rows, start=2):
+            row = {(k or "").strip().lower(): (v or "").strip() for k, v in row.items()}
+            if not row.get("scan"):
+                raise InputError(f"row {i} has no scan path", path)
+            axis = row.get("slice_axis") or None
+            if axis is not None and axis not in ("0", "1", "2"):
+                raise InputError(f"row {i}: slice_axis must be 0, 1 or 2, got {axis!r}", path)
+            label = row.get("label") or None
+            tasks.append(ScanTask(_resolve(base, row["scan"]), _resolve(base, label) if label else None,
+                                  None if axis is None else int(axis), i))
+    else:
+        tasks = [ScanTask(_resolve(base, ln), row=i) for i, ln in enumerate(lines, start=1)]
+    for t in tasks:
+        for p in (t.scan, t.label):
+            if p is not None and not Path(p).exists():
+                raise InputError(f"row {t.row}: {p} does not exist", path)
+    return tasks
+
+
+def select_part(tasks: list[ScanTask], part: str | None) -> list[ScanTask]:
+    """The share ``I/N`` of the tasks (every N-th from the I-th, 1-based): the same split on every
+    node of a job array, whatever order the nodes start in."""
+    if part is None:
+        return tasks
+    try:
+        i, n = (int(v) for v in part.split("/"))
+    except ValueError:
+        raise InputError(f"--part must be I/N with 1 <= I <= N, like 2/8; got {part!r}") from None
+    if not 1 <= i <= n:
+        raise InputError(f"--part must be I/N with 1 <= I <= N, like 2/8; got {part!r}")
+    return [t for k, t in enumerate(tasks) if k % n == i - 1]
+
+
+def _stem_collisions(tasks: list[ScanTask], manifest: Path) -> None:
+    from ctpore.data.io import output_stem
+
+    seen: dict[str, ScanTask] = {}
+    for t in tasks:
+        stem = output_stem(t.scan)
+        if stem in seen:
+            raise InputError(f"rows {seen[stem].row} and {t.row} would both write {stem}_*: output names must "
+                             "differ (rename one scan, or run them into different folders)", manifest)
+        seen[stem] = t
+
+
+def _options_key(options: dict, weights_sha: Optional[str]) -> dict:
+    """What a finished scan's metrics must record to count as done by these options."""
+    return {"method": options.get("method"), "weights_sha256": weights_sha,
+            "precision": options.get("precision"), "device_type": str(options.get("device", "cpu")).split(":")[0]}
+
+
+def _is_done(task: ScanTask, outdir: Path, key: dict) -> Optional[dict]:
+    """The metrics of a scan already reconstructed with the same weights and options, or None."""
+    from ctpore.pipelines.outputs import output_paths
+
+    paths = output_paths(task.scan, outdir)
+    if not all(p.exists() for p in paths.values()):
+        return None
+    try:
+        metrics = json.loads(paths["metrics"].read_text())
+    except (OSError, ValueError):
+        return None
+    batch = metrics.get("batch", {})
+    if batch.get("options") != key or batch.get("label") != task.label or batch.get("slice_axis") != task.slice_axis:
+        return None
+    return metrics
+
+
+def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
+    """Reconstruct one scan (on a worker). Never raises for the scan's own problems: returns the
+    record of the report line (``status`` "done" with the metrics, or "failed" with the error)."""
+    import socket
+
+    from ctpore.pipelines.reconstruct import reconstruct_file
+
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {"scan": task.scan, "worker": f"{socket.gethostname()}:{os.getpid()}"}
+    try:
+        out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis, overwrite=True,
+                               annotate={"batch": {"options": key, "label": task.label,
+                                                   "slice_axis": task.slice_axis}},
+                               **options)
+        rec.update(status="done", metrics=out["result"])
+    except InputError as exc:
+        rec.update(status="failed", error=str(exc))
+    except Exception as exc:  # an internal error: reported for this scan, the batch goes on
+        rec.update(status="failed", error=f"internal error: {type(exc).__name__}: {exc}")
+    rec["seconds"] = round(time.perf_counter() - t0, 3)
+    return rec
+
+
+class _Report:
+    """``batch_report.jsonl``: one line per ended scan, appended and flushed to disk at once."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.records: list[dict] = []
+
+    def add(self, rec: dict) -> None:
+        self.records.append(rec)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(rec, default=float) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int):
+    """``(client, cluster or None, gpu)``: a client of the given scheduler or of a local cluster."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        client = Client(scheduler, timeout="30s")
+        info = client.scheduler_info()
+        gpu = any("GPU" in (w.get("resources") or {}) for w in info.get("workers", {}).values())
+        return client, None, gpu
+    gpus = _cuda_count()
+    dask.config.set({"distributed.scheduler.allowed-failures": 0})  # this module retries worker deaths
+    if gpus:
+        try:
+            from dask_cuda import LocalCUDACluster
+
+            cluster = LocalCUDACluster(host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                       resources={"GPU": 1}, threads_per_worker=1)
+        except ImportError:
+            cluster = LocalCluster(n_workers=max(1, gpus // max(1, gpus_per_worker)), threads_per_worker=1,
+                                   processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                   resources={"GPU": gpus_per_worker})
+    else:
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address="127.0.0.1:0")
+    return Client(cluster), cluster, bool(gpus)
+
+
+def _cuda_count() -> int:
+    """GPUs visible here, without making a CUDA context in this process."""
+    import subprocess
+    import sys
+
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        return int(out.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+
+
+def run_batch(
+    manifest: str | os.PathLike,
+    outdir: str | os.PathLike,
+    *,
+    scheduler: Optional[str] = None,
+    workers: int = 2,
+    gpus_per_worker: int = 1,
+    retries: int = 2,
+    part: Optional[str] = None,
+    options: Optional[dict] = None,
+    progress: ProgressFn = None,
+    on_record: Optional[Callable[[dict], None]] = None,
+) -> dict:
+    """Reconstruct every scan of ``manifest`` into ``outdir`` on a Dask cluster (see the module docstring).
+
+    Parameters
+    ----------
+    options : dict, optional
+        Keyword arguments of ``reconstruct_file`` for every scan (``method``, ``weights``,
+        ``memory_gb``, ``precision``, ...).
+    on_record : callable, optional
+        Called with each report record as its scan ends.
+
+    Returns
+    -------
+    dict
+        ``{"records": [...], "done", "failed", "skipped", "dashboard"}``.
+    """
+    from distributed import as_completed
+
+    from ctpore.models.weights import default_weights_path, sha256_file
+    from ctpore.pipelines.reconstruct import resolve_method
+
+    manifest = Path(manifest)
+    outdir = Path(outdir)
+    options = dict(options or {})
+    if workers < 1 or retries < 0 or gpus_per_worker < 1:
+        raise InputError("--workers and --gpus-per-worker must be >= 1 and --retries >= 0")
+    tasks = select_part(read_manifest(manifest), part)
+    _stem_collisions(tasks, manifest)
+    method = resolve_method(options.get("method", "auto"), options.get("weights"))
+    weights_sha = None
+    if method == "poreformer":
+        wpath = options.get("weights") or default_weights_path()
+        if wpath is None or not Path(wpath).is_file():
+            raise InputError("no such weights file", wpath or "models/weights/poreformer.safetensors")
+        weights_sha = sha256_file(wpath)
+    options["method"] = method
+    key = _options_key(options, weights_sha)
+    from ctpore.pipelines.outputs import check_outputs, make_outdir
+
+    check_outputs(manifest, outdir, overwrite=True)  # a writable place, before any work
+    make_outdir(outdir)
+    report = _Report(outdir / REPORT_NAME)
+    todo: list[ScanTask] = []
+    skipped = 0
+    for t in tasks:
+        metrics = _is_done(t, outdir, key)
+        if metrics is None:
+            todo.append(t)
+        else:
+            skipped += 1
+            rec = {"scan": t.scan, "status": "skipped", "reason": "outputs complete from an earlier run",
+                   "metrics": metrics}
+            report.add(rec)
+            if on_record is not None:
+                on_record(rec)
+    result = {"records": report.records, "done": 0, "failed": 0, "skipped": skipped, "dashboard": None}
+    if not todo:
+        return result
+    client, cluster, gpu = _cluster(scheduler, workers, gpus_per_worker)
+    try:
+        result["dashboard"] = getattr(client, "dashboard_link", None)
+        resources = {"GPU": 1} if gpu else None
+        if gpu:
+            options.setdefault("device", "cuda")
+        attempts: dict[str, int] = {}
+        futures = {}
+
+        def submit(t: ScanTask):
+            attempts[t.scan] = attempts.get(t.scan, 0) + 1
+            f = client.submit(run_task, t, str(outdir), options, key, pure=False, resources=resources,
+                              key=f"ctpore-{Path(t.scan).name}-{attempts[t.scan]}-{os.getpid()}")
+            futures[f] = t
+            return f
+
+        pending = as_completed([submit(t) for t in todo])
+        n_end = 0
+        for fut in pending:
+            t = futures.pop(fut)
+            try:
+                rec = fut.result()
+            except Exception as exc:  # the worker died (or the cluster failed) during this scan
+                if attempts[t.scan] <= retries:
+                    pending.add(submit(t))
+                    continue
+                rec = {"scan": t.scan, "status": "failed", "error": f"worker lost {attempts[t.scan]} times "
+                       f"({type(exc).__name__}: {exc})"}
+            rec["attempts"] = attempts[t.scan]
+            report.add(rec)
+            result["done" if rec["status"] == "done" else "failed"] += 1
+            n_end += 1
+            if on_record is not None:
+                on_record(rec)
+            if progress is not None:
+                progress(n_end, len(todo), "scans")
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    return result
+
+
+def summarize(records: list[dict]) -> dict:
+    """Counts per status and, over the scans with a label, the mean MSE, Dice and Euler error."""
+    out: dict[str, Any] = {s: sum(r["status"] == s for r in records) for s in ("done", "skipped", "failed")}
+    scored = [r["metrics"] for r in records if r.get("metrics") and "dice" in r["metrics"]]
+    for k in ("mse", "dice", "euler_error_rel"):
+        if scored:
+            out[f"mean_{k}"] = sum(m[k] for m in scored) / len(scored)
+    return out
+

@@ -1,0 +1,167 @@
+"""ctpore batch: a LocalCluster of 2 workers; bad scans fail alone, runs resume, dead workers retry."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from ctpore.app.cli import main
+from ctpore.data.synthetic import make_pair
+from ctpore.pipelines.batch import REPORT_NAME, read_manifest, run_batch, select_part
+
+pytest.importorskip("distributed")
+
+
+def write(path: Path, arr: np.ndarray) -> Path:
+    nib.save(nib.Nifti1Image(np.ascontiguousarray(arr.T), np.diag([0.01, 0.01, 0.01, 1.0])), path)
+    return path
+
+
+@pytest.fixture
+def six(tmp_path):
+    """Four good scans with labels, a truncated one and a 2D one, listed in a CSV manifest."""
+    rows = ["scan,label"]
+    for i in range(4):
+        scan, truth, _ = make_pair(i, shape=(24, 32, 32))
+        write(tmp_path / f"s{i}.nii.gz", scan)
+        write(tmp_path / f"t{i}.nii.gz", truth)
+        rows.append(f"s{i}.nii.gz,t{i}.nii.gz")
+    (tmp_path / "cut.nii.gz").write_bytes((tmp_path / "s0.nii.gz").read_bytes()[:3000])
+    write(tmp_path / "flat.nii.gz", np.zeros((1, 16, 16), np.uint16))
+    rows += ["cut.nii.gz,", "flat.nii.gz,"]
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    return tmp_path
+
+
+def report(out: Path) -> list[dict]:
+    lines = (out / REPORT_NAME).read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_bad_scans_fail_alone_and_the_exit_code_says_so(six, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["batch", str(six / "m.csv"), "-o", str(six / "out"), "--method", "otsu", "--workers", "2"])
+    assert exc.value.code == 3
+    recs = {Path(r["scan"]).name: r for r in report(six / "out")}
+    assert {n for n, r in recs.items() if r["status"] == "done"} == {f"s{i}.nii.gz" for i in range(4)}
+    assert "truncated" in recs["cut.nii.gz"]["error"] and "2D" in recs["flat.nii.gz"]["error"]
+    for i in range(4):
+        m = recs[f"s{i}.nii.gz"]["metrics"]
+        assert {"mse", "dice", "euler_error_rel"} <= set(m)  # the label column scores each scan
+        assert json.loads((six / "out" / f"s{i}_metrics.json").read_text())["dice"] == m["dice"]
+    names = sorted(p.name for p in (six / "out").iterdir())
+    assert not [n for n in names if n.startswith(("cut", "flat", "."))]  # nothing for the broken ones
+    out = capsys.readouterr().out
+    assert "4 done, 0 already done, 2 failed" in out and "mean MSE" in out
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda d: d / "none.txt", "no such manifest"),
+    (lambda d: (d / "empty.txt").write_text("# nothing\n\n") and d / "empty.txt", "lists no scans"),
+    (lambda d: (d / "gone.txt").write_text("missing.nii.gz\n") and d / "gone.txt", "does not exist"),
+    (lambda d: (d / "nocol.csv").write_text("path,label\na,b\n") and d / "nocol.csv", "needs a 'scan' column"),
+    (lambda d: (d / "twice.txt").write_text("s0.nii.gz\nsub/s0.nii.gz\n") and d / "twice.txt", "output names"),
+])
+def test_bad_manifests_are_refused_before_any_work(six, capsys, make, match):
+    (six / "sub").mkdir()
+    (six / "sub" / "s0.nii.gz").write_bytes((six / "s0.nii.gz").read_bytes())
+    with pytest.raises(SystemExit) as exc:
+        main(["batch", str(make(six)), "-o", str(six / "out"), "--method", "otsu"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]
+    assert not (six / "out").exists()
+
+
+def test_parts_split_the_manifest_deterministically(six):
+    tasks = read_manifest(six / "m.csv")
+    parts = [select_part(tasks, f"{i}/3") for i in (1, 2, 3)]
+    assert sorted(t.row for p in parts for t in p) == sorted(t.row for t in tasks)
+    assert [t.row for t in parts[1]] == [t.row for t in select_part(read_manifest(six / "m.csv"), "2/3")]
+
+
+def _weights(tmp_path: Path) -> Path:
+    import torch
+
+    from ctpore.models import PoreFormer, PoreFormerConfig
+    from ctpore.models.weights import save_weights
+
+    torch.manual_seed(0)
+    model = PoreFormer(PoreFormerConfig(d_model=16, n_heads=2, stem_channels=4, level_channels=(8, 16),
+                                        level_attention=(0, 1))).eval()
+    return save_weights(model, tmp_path / "tiny.safetensors", {"threshold": "0.5", "min_size": "4"})
+
+
+def _slow_scans(tmp_path: Path, n: int) -> Path:
+    scan, _, _ = make_pair(7, shape=(48, 96, 96))
+    for i in range(n):
+        write(tmp_path / f"g{i}.nii", np.roll(scan, 5 * i, axis=2))
+    (tmp_path / "g.txt").write_text("".join(f"g{i}.nii\n" for i in range(n)))
+    return tmp_path / "g.txt"
+
+
+def test_a_killed_run_resumes_and_does_every_scan_once(tmp_path):
+    manifest, w = _slow_scans(tmp_path, 6), _weights(tmp_path)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "ctpore.app.cli", "batch", str(manifest), "-o", str(out), "--weights", str(w),
+           "--workers", "2"]
+    env = dict(os.environ, CTPORE_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if (out / REPORT_NAME).exists() and len(report(out)) >= 1:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole job dies: driver, scheduler and workers
+    proc.wait()
+    first = report(out)
+    assert 1 <= len(first) < 6, "the run was not stopped part-way"
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    recs = report(out)
+    for i in range(6):
+        mine = [r for r in recs if Path(r["scan"]).name == f"g{i}.nii"]
+        done = [r for r in mine if r["status"] == "done"]
+        assert len(done) <= 1 and len(done) + sum(r["status"] == "skipped" for r in mine) >= 1, mine
+        assert json.loads((out / f"g{i}_metrics.json").read_text())["shape"] == [48, 96, 96]
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no partial files
+
+
+def test_a_scan_whose_worker_dies_is_retried(tmp_path):
+    import dask
+    from distributed import Client, LocalCluster
+
+    manifest, w = _slow_scans(tmp_path, 4), _weights(tmp_path)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            killed = []
+            pids = client.run(os.getpid)  # worker address -> its process
+
+            def kill_a_busy_worker():
+                deadline = time.time() + 120
+                while time.time() < deadline and not killed:
+                    busy = [addr for addr, keys in client.processing().items() if keys and addr in pids]
+                    if busy:
+                        time.sleep(0.3)  # inside the task
+                        os.kill(pids[busy[0]], signal.SIGKILL)
+                        killed.append(busy[0])
+                    time.sleep(0.05)
+
+            threading.Thread(target=kill_a_busy_worker, daemon=True).start()
+            res = run_batch(manifest, tmp_path / "out", scheduler=cluster.scheduler_address, retries=2,
+                            options={"weights": w})
+    assert killed
+    assert res["done"] == 4 and res["failed"] == 0
+    assert max(r["attempts"] for r in res["records"]) == 2  # one scan ran twice: its worker died
