@@ -183,6 +183,41 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
 
 
 @cli.command()
+@click.argument("scan", type=click.Path(path_type=Path))
+@click.option("--at", "at", required=True, help="The voxel Z,Y,X whose column's attention to show.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(path_type=Path),
+              help="PNG of the heads x earlier slices heatmap (one row per block and head).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the weights per block and head, their entropy, look-back and top slice.")
+@click.option("--weights", type=click.Path(path_type=Path), default=None, help="PoreFormer weights (default: shipped).")
+@click.option("--slice-axis", type=click.IntRange(0, 2), default=None,
+              help="The file's voxel axis that holds the slices (NIfTI; default 2).")
+def attention(scan, at, out, as_json, weights, slice_axis):
+    """Which earlier slices each attention head looks at, for the voxel Z,Y,X of SCAN."""
+    from ctpore.pipelines.inspect import attention_at, write_heatmap_png
+
+    try:
+        point = tuple(int(v) for v in at.split(","))
+    except ValueError:
+        point = ()
+    if len(point) != 3:
+        raise InputError(f"--at must be three integers Z,Y,X, like 40,120,88; got {at!r}")
+    view = attention_at(scan, point, weights=weights, slice_axis=slice_axis)
+    if out is not None:
+        write_heatmap_png(view, out)
+    if as_json:
+        click.echo(json.dumps(view.to_dict(), indent=2))
+    else:
+        for b, name in enumerate(view.blocks):
+            for h in range(view.weights.shape[1]):
+                click.echo(f"{name} head {h}: top slice {view.top[b, h]}, look-back {view.lookback[b, h]:.2f} "
+                           f"slices, entropy {view.entropy[b, h]:.2f} nats")
+        if out is not None:
+            click.echo(f"wrote {out}")
+    return EXIT_OK
+
+
+@cli.command()
 @click.argument("pred", type=click.Path(path_type=Path))
 @click.argument("truth", type=click.Path(path_type=Path))
 @click.option("--prob", type=click.Path(path_type=Path), default=None, help="Probability map, for the MSE.")

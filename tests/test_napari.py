@@ -1,0 +1,216 @@
+"""The napari plugin: reader/writer, the work behind the widgets, and the widgets in a viewer.
+
+The viewer tests need a display: pytest-xvfb gives one (Xvfb, as `.ci/run` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+napari = pytest.importorskip("napari")
+
+from ctpore.app.napari import io as nio  # noqa: E402
+from ctpore.app.napari.layers import (  # noqa: E402
+    Cancelled,
+    inspect_layers,
+    reconstruct_layers,
+    scan_layer,
+    volume_of,
+    write_layer,
+)
+from ctpore.data.io import load_scan  # noqa: E402
+from ctpore.errors import InputError  # noqa: E402
+
+
+@pytest.fixture
+def tiny_weights(tmp_path):
+    from ctpore.models import PoreFormer, PoreFormerConfig
+    from ctpore.models.weights import save_weights
+
+    torch.manual_seed(0)
+    model = PoreFormer(PoreFormerConfig(d_model=16, n_heads=2, stem_channels=4, level_channels=(8, 16),
+                                        level_attention=(0, 1), level_window=6, window=4)).eval()
+    return str(save_weights(model, tmp_path / "tiny.safetensors", {"threshold": "0.5", "min_size": "4"}))
+
+
+@pytest.fixture
+def scan_file(tmp_path):
+    from ctpore.data.synthetic import make_pair
+
+    scan, _truth, _ = make_pair(5, shape=(16, 40, 36))
+    img = nib.Nifti1Image(np.ascontiguousarray(scan.T), np.diag([0.02, 0.02, 0.05, 1.0]))  # (x, y, z) mm
+    img.header.set_xyzt_units("mm")
+    nib.save(img, tmp_path / "rock.nii.gz")
+    return tmp_path / "rock.nii.gz"
+
+
+# -- without a viewer -------------------------------------------------------------------------
+
+
+def test_reader_gives_the_scan_with_its_scale_and_name(scan_file):
+    reader = nio.get_reader(str(scan_file))
+    assert reader is not None
+    [(data, kwargs, kind)] = reader(str(scan_file))
+    with load_scan(scan_file) as s:
+        np.testing.assert_array_equal(data, s.read())
+    assert kind == "image" and kwargs["name"] == "rock"
+    assert kwargs["scale"] == pytest.approx((0.05, 0.02, 0.02))  # (z, y, x): anisotropic voxels
+
+
+def test_reader_returns_none_for_what_it_cannot_read(tmp_path, scan_file):
+    (tmp_path / "notes.txt").write_text("not a scan")
+    (tmp_path / "fake.nii").write_text("not a scan either")
+    (tmp_path / "cut.nii.gz").write_bytes(scan_file.read_bytes()[:500])
+    (tmp_path / "empty").mkdir()
+    for p in ("notes.txt", "fake.nii", "cut.nii.gz", "empty", "missing.nii.gz"):
+        assert nio.get_reader(str(tmp_path / p)) is None, p
+    assert nio.get_reader([str(scan_file), str(scan_file)]) is None
+
+
+@pytest.mark.parametrize("suffix", [".nii.gz", ".tif"])
+def test_writer_round_trip_keeps_data_and_scale(tmp_path, scan_file, suffix):
+    data, kwargs, _ = scan_layer(scan_file)
+    pores = (data > np.median(data)).astype(np.uint8)
+    [out] = nio.write_labels(str(tmp_path / f"pores{suffix}"), pores, kwargs)
+    [(back, back_kw, _)] = nio.get_reader(out)(out)
+    np.testing.assert_array_equal(back, pores)
+    assert back_kw["scale"] == pytest.approx(kwargs["scale"], rel=1e-5)
+    if suffix == ".nii.gz":  # the source header travels: same affine and units
+        a, b = nib.load(scan_file), nib.load(out)
+        np.testing.assert_array_equal(a.affine, b.affine)
+        assert a.header.get_xyzt_units() == b.header.get_xyzt_units()
+    [img] = nio.write_image(str(tmp_path / f"img{suffix}"), data, {"scale": (0.5, 0.25, 0.25)})
+    [(back, back_kw, _)] = nio.get_reader(img)(img)
+    np.testing.assert_allclose(back, data)
+    assert back_kw["scale"] == pytest.approx((0.5, 0.25, 0.25), rel=1e-5)
+
+
+def test_reconstruct_layers_have_the_scale_and_the_values_of_reconstruct(scan_file, tiny_weights):
+    from ctpore.pipelines.reconstruct import reconstruct
+
+    data, kwargs, _ = scan_layer(scan_file)
+    layers, metrics = reconstruct_layers(data, "rock", kwargs["scale"], "poreformer", tiny_weights)
+    (prob, pkw, pkind), (pores, lkw, lkind) = layers
+    ref = reconstruct(data, "poreformer", weights=tiny_weights, spacing_mm=kwargs["scale"])
+    assert (pkind, lkind) == ("image", "labels")
+    np.testing.assert_allclose(prob, ref.probability, atol=1e-6)
+    np.testing.assert_array_equal(pores, ref.pores)
+    assert pkw["scale"] == lkw["scale"] == pytest.approx(kwargs["scale"])
+    assert metrics["porosity"] == ref.metrics["porosity"] and lkw["name"] == "rock pores"
+
+
+def test_bad_layers_are_refused_with_a_reason_and_cancel_returns_nothing(tiny_weights):
+    with pytest.raises(InputError, match="2D"):
+        volume_of(np.zeros((20, 20)), "layer 'slice'")
+    with pytest.raises(InputError, match="grayscale"):
+        volume_of(np.array([["a"] * 3] * 3), "layer 'text'")
+    calls = []
+    with pytest.raises(Cancelled):
+        reconstruct_layers(np.random.default_rng(0).random((12, 24, 24)), "r", None, "poreformer", tiny_weights,
+                           progress=lambda *a: calls.append(a), should_stop=lambda: True)
+    assert calls == []
+
+
+def test_inspector_rows_sum_to_one_are_causal_and_per_head_layers_fit(scan_file, tiny_weights):
+    data, kwargs, _ = scan_layer(scan_file)
+    point = (12, 20, 17)
+    layers, info = inspect_layers(data, point, kwargs["scale"], tiny_weights, radius=8)
+    view = info["view"]
+    np.testing.assert_allclose(view.weights.sum(-1), 1.0, atol=1e-5)  # every row a distribution
+    assert view.slices[-1] == point[0]  # no later slice is even offered...
+    later = view.to_dict()["slices"]
+    assert max(later) == point[0]
+    heads = [lay for lay in layers if lay[2] == "image"]
+    assert len(heads) == 2  # one entropy layer per full-resolution head
+    for ent, kw, _ in heads:
+        assert ent.shape == (1, 17, 17) and np.all(ent >= 0) and np.all(ent <= info["max_entropy"] + 1e-5)
+        assert kw["translate"][0] == pytest.approx(point[0] * kwargs["scale"][0])
+    pts = [lay for lay in layers if lay[2] == "points"][0][0]
+    assert pts.shape == (2, 3) and np.all(pts[:, 0] <= point[0]) and 0 <= info["similarity"] <= 1
+    json.dumps(view.to_dict())  # what `ctpore attention --json` prints
+
+
+def test_attention_weights_are_exactly_zero_on_later_slices(tiny_weights):
+    from ctpore.models.weights import load_model
+
+    model = load_model(tiny_weights)
+    x = torch.randn(1, 10, 24, 24)
+    for w in model.attention_maps(x, region=(5, 7)):
+        zq, zk = np.meshgrid(np.arange(10), np.arange(10), indexing="ij")
+        assert np.all(w[0, 0, 0].numpy()[:, zk > zq] == 0)
+        np.testing.assert_allclose(w[0, 0, 0].sum(-1).numpy(), 1.0, atol=1e-5)
+
+
+# -- in a viewer -------------------------------------------------------------------------------
+
+
+def test_reconstruct_widget_adds_layers_with_the_scale(make_napari_viewer, qtbot, scan_file, tiny_weights):
+    from ctpore.app.napari.widgets import ReconstructWidget
+
+    viewer = make_napari_viewer()
+    viewer.open(str(scan_file), plugin="ctpore")
+    widget = ReconstructWidget(viewer)
+    widget.method.setCurrentText("poreformer")
+    widget.weights.edit.setText(tiny_weights)
+    widget.run()
+    qtbot.waitUntil(lambda: widget.run_button.isEnabled(), timeout=120_000)
+    assert widget.metrics is not None, widget.status.text()
+    pores = viewer.layers["rock pores"]
+    assert isinstance(pores, napari.layers.Labels)
+    np.testing.assert_allclose(pores.scale, viewer.layers["rock"].scale)
+    assert set(np.unique(pores.data)) <= {0, 1}
+    assert "porosity" in widget.status.text()
+
+
+def test_reconstruct_widget_says_what_is_wrong_and_cancel_adds_nothing(make_napari_viewer, qtbot, tiny_weights):
+    from ctpore.app.napari.widgets import ReconstructWidget
+
+    viewer = make_napari_viewer()
+    viewer.add_image(np.random.default_rng(0).random((30, 30)), name="a slice")
+    widget = ReconstructWidget(viewer)
+    widget.run()
+    qtbot.waitUntil(lambda: widget.run_button.isEnabled(), timeout=60_000)
+    assert "2D" in widget.status.text() and len(viewer.layers) == 1
+    viewer.add_image(np.random.default_rng(0).random((24, 48, 48)).astype(np.float32), name="vol")
+    widget.layer_choice.setCurrentText("vol")
+    widget.method.setCurrentText("poreformer")
+    widget.weights.edit.setText(tiny_weights)
+    widget.run()
+    widget.cancel()
+    qtbot.waitUntil(lambda: widget.run_button.isEnabled(), timeout=60_000)
+    assert "cancelled" in widget.status.text() and [lay.name for lay in viewer.layers] == ["a slice", "vol"]
+
+
+def test_a_click_fills_the_inspector(make_napari_viewer, qtbot, scan_file, tiny_weights):
+    from types import SimpleNamespace
+
+    from ctpore.app.napari.widgets import AttentionInspector
+
+    viewer = make_napari_viewer()
+    viewer.open(str(scan_file), plugin="ctpore")
+    widget = AttentionInspector(viewer)
+    widget.weights.edit.setText(tiny_weights)
+    layer = viewer.layers["rock"]
+    world = layer.data_to_world((12, 20, 17))
+    widget._on_click(viewer, SimpleNamespace(type="mouse_press", position=tuple(world)))
+    qtbot.waitUntil(lambda: widget.info is not None, timeout=120_000)
+    assert widget.point() == (12, 20, 17)
+    assert not widget.heatmap.pixmap().isNull()
+    assert "head 0 attention entropy" in viewer.layers and "most attended slices" in viewer.layers
+    assert "heads alike" in widget.summary.text()
+
+
+def test_the_pores_show_in_3d(make_napari_viewer, scan_file):
+    """The viewer, shown under Xvfb, draws the pores layer in 3D: the canvas is not blank."""
+    viewer = make_napari_viewer(show=True)
+    data, kwargs, _ = scan_layer(scan_file)
+    viewer.add_labels((data < np.percentile(data, 30)).astype(np.uint8), name="pores", scale=kwargs["scale"])
+    viewer.dims.ndisplay = 3
+    shot = viewer.screenshot(canvas_only=True, flash=False)
+    rgb = shot[..., :3].astype(float)
+    assert rgb.std() > 5 and (rgb.max(-1) > 40).mean() > 0.01  # drawn, not an empty black canvas
