@@ -214,3 +214,25 @@ def test_the_pores_show_in_3d(make_napari_viewer, scan_file):
     shot = viewer.screenshot(canvas_only=True, flash=False)
     rgb = shot[..., :3].astype(float)
     assert rgb.std() > 5 and (rgb.max(-1) > 40).mean() > 0.01  # drawn, not an empty black canvas
+
+
+def test_attention_command_writes_the_heatmap_and_refuses_bad_coordinates(tmp_path, scan_file, tiny_weights,
+                                                                         capsys):
+    from PIL import Image
+
+    from ctpore.app.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["attention", str(scan_file), "--at", "12,20,17", "-o", str(tmp_path / "heads.png"), "--json",
+              "--weights", tiny_weights])
+    assert exc.value.code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [b["name"] for b in out["blocks"]] == ["level2.0", "blocks.0"] and out["point"] == [12, 20, 17]
+    png = np.asarray(Image.open(tmp_path / "heads.png"))
+    assert png.ndim == 3 and png.std() > 10  # a drawn heatmap, not a blank image
+    for at, why in (("16,20,17", "outside the scan"), ("1,2", "three integers"), ("a,b,c", "three integers")):
+        with pytest.raises(SystemExit) as exc:
+            main(["attention", str(scan_file), "--at", at, "--weights", tiny_weights])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0]
