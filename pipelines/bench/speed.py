@@ -148,7 +148,7 @@ def bench_speed(
         img.header.set_xyzt_units("mm")
         with atomic_write(scan) as tmp:
             nib.save(img, str(tmp))
-    total, done = len(names) * (repeats + 1), 0
+    total, done = len(names) * (repeats + 1) + 2, 0
     runs: dict[str, dict[str, list]] = {m: {"seconds": [], "peak_rss_bytes": []} for m in names}
     for rep in range(repeats + 1):  # the first round warms the disk cache and is not kept
         for m in names:
@@ -165,6 +165,18 @@ def bench_speed(
         sec = statistics.median(runs[m]["seconds"])
         rows[m] = {"seconds_median": sec, "voxels_per_s": nvox / sec,
                    "peak_rss_gb": statistics.median(runs[m]["peak_rss_bytes"]) / 2**30, **runs[m]}
+    # Memory with default settings: the same plane with four times the slices, and a wide plane.
+    from ctpore.pipelines.bench.gpu import make_test_scan
+
+    memory = []
+    for extra in ((4 * shape[0], shape[1], shape[2]), (8, 1024, 1024)):
+        path = make_test_scan(workdir / f"mem_{'x'.join(map(str, extra))}.nii", extra)
+        sec, rss = _run(_command(["ctpore"], path, workdir / "out"))
+        memory.append({"shape": list(extra), "seconds": sec, "peak_rss_gb": rss / 2**30})
+        path.unlink()
+        done += 1
+        if progress is not None:
+            progress(done, total, f"memory {extra}")
     model = load_model(default_weights_path())
     tile, chunk = plan_streaming(model, shape, 1.5 * 2**30 - current_rss() - nvox * 9)
     flops = poreformer_flops_per_voxel(model, chunk)
@@ -175,6 +187,7 @@ def bench_speed(
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "methods": rows,
+        "memory_default": memory,
         "poreformer": {"flops_per_voxel": flops, "model_voxels_per_s": model_vps, "tile": tile, "chunk_slices": chunk,
                        "params": model.n_params()},
         "matmul_peak_flops": peaks,
@@ -210,6 +223,13 @@ def write_performance(res: dict, outdir: str | Path = "docs", command: str = "ct
     for m, r in res["methods"].items():
         vs = f"{r['vs_monai_unet']:.2f}x" if "vs_monai_unet" in r else "-"
         lines.append(f"| {m} | {r['seconds_median']:.2f} | {r['voxels_per_s']:.3g} | {vs} | {r['peak_rss_gb']:.2f} |")
+    lines += ["", "Peak memory of `ctpore reconstruct` with default settings (`--memory-gb 1.5`) on other shapes "
+              "(uncompressed uint16 scans):", "", "| scan | seconds | peak memory (GB) |", "|---|---:|---:|"]
+    default = next((r for m, r in res["methods"].items() if m.startswith("ctpore reconstruct (sdpa)")), None)
+    if default is not None:
+        lines.append(f"| {z} x {y} x {x} (above) | {default['seconds_median']:.2f} | {default['peak_rss_gb']:.2f} |")
+    for r in res.get("memory_default", []):
+        lines.append(f"| {' x '.join(map(str, r['shape']))} | {r['seconds']:.2f} | {r['peak_rss_gb']:.2f} |")
     fl = pf["flops_per_voxel"]
     lines += [
         "",
