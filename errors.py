@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["InputError", "NonFiniteError"]
+__all__ = ["InputError", "NonFiniteError", "CtporeWarning"]
 
 
 class InputError(ValueError):
@@ -33,3 +33,8 @@ class InputError(ValueError):
 
 class NonFiniteError(RuntimeError):
     """A NaN or Inf appeared inside a computation; the message names where."""
+
+
+class CtporeWarning(UserWarning):
+    """Something the user should know about a result that was still produced (the command prints
+    it as one ``ctpore: warning:`` line): a scan without contrast, values clipped, unknown units."""

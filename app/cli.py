@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import click
 
 from ctpore import __version__
-from ctpore.errors import InputError
+from ctpore.errors import CtporeWarning, InputError
 from ctpore.runtime import tune_allocator
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
@@ -60,6 +61,17 @@ class _Progress:
 
 def _error(message: str) -> None:
     click.echo(f"ctpore: error: {message}", err=True)
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """ctpore's own warnings as ``ctpore: warning: ...`` (one line); others as Python prints them."""
+    if issubclass(category, CtporeWarning):
+        click.echo(f"ctpore: warning: {' '.join(str(message).split())}", err=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -420,6 +432,7 @@ def main(argv=None) -> None:
     # Reuse freed memory instead of faulting in fresh pages for every chunk's activations
     # (ctpore.runtime says why). Process-wide, so the command sets it, never the library.
     tune_allocator()
+    warnings.showwarning = _show_warning  # ctpore's warnings as one line each, on stderr
     try:
         rv = cli.main(args=argv, prog_name="ctpore", standalone_mode=False)
     except click.UsageError as exc:

@@ -9,8 +9,11 @@ was trained on.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
+from ctpore.errors import CtporeWarning
 from ctpore.progress import ProgressFn
 
 #: Percentiles that define the robust intensity range.
@@ -31,7 +34,8 @@ def intensity_range(
     max_pixels_per_slice: int = 65536,
     progress: ProgressFn = None,
 ) -> tuple[float, float]:
-    """Robust intensity range ``(lo, hi)`` of a volume, read slice by slice.
+    """Robust intensity range ``(lo, hi)`` of a volume, read slice by slice (:func:`robust_range`,
+    made usable for division: a constant volume gives ``(c, c + 1)``).
 
     Parameters
     ----------
@@ -47,8 +51,7 @@ def intensity_range(
     Returns
     -------
     (float, float)
-        The 0.5th and 99.5th percentiles; ``hi > lo`` always (a constant volume gives
-        ``(c, c + 1)``).
+        The 0.5th and 99.5th percentiles; ``hi > lo`` always.
 
     Examples
     --------
@@ -57,6 +60,20 @@ def intensity_range(
     >>> bool(4 < lo < 6), bool(993 < hi < 995)
     (True, True)
     """
+    lo, hi = robust_range(volume, max_slices, max_pixels_per_slice, progress)
+    if not hi > lo:
+        hi = lo + 1.0
+    return lo, hi
+
+
+def robust_range(
+    volume,
+    max_slices: int = 64,
+    max_pixels_per_slice: int = 65536,
+    progress: ProgressFn = None,
+) -> tuple[float, float]:
+    """The 0.5th and 99.5th percentiles of a subsample of the volume (equal for a constant one);
+    parameters as :func:`intensity_range`."""
     z_total, y, x = (int(s) for s in volume.shape)
     zs = _subsample(z_total, max_slices)
     step = max(1, int(np.ceil(np.sqrt(y * x / max_pixels_per_slice))))
@@ -68,10 +85,7 @@ def intensity_range(
             progress(i + 1, len(zs), "intensity range")
     values = np.concatenate(samples)
     lo, hi = np.percentile(values, [LOW_PERCENTILE, HIGH_PERCENTILE])
-    lo, hi = float(lo), float(hi)
-    if not hi > lo:
-        hi = lo + 1.0
-    return lo, hi
+    return float(lo), float(hi)
 
 
 def normalize(array: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -121,3 +135,24 @@ def normalize_volume(volume: np.ndarray) -> np.ndarray:
     """Normalize a whole in-memory volume with its own robust range (see :func:`intensity_range`)."""
     lo, hi = intensity_range(volume)
     return normalize(volume, lo, hi)
+
+
+def has_contrast(lo: float, hi: float) -> bool:
+    """Whether the raw robust range ``(lo, hi)`` of :func:`robust_range` holds any contrast.
+
+    A scan whose middle 99% of grey values are equal (a constant scan, a blank) shows no
+    structure, and nothing in it should be called pore.
+
+    Examples
+    --------
+    >>> has_contrast(*robust_range(np.full((4, 8, 8), 1000.0))), has_contrast(0.0, 0.5)
+    (False, True)
+    """
+    return (hi - lo) > 1e-6 * max(1.0, abs(lo), abs(hi))
+
+
+def warn_no_contrast(level: float) -> None:
+    """Say that a scan without contrast got no pores (rather than invent some)."""
+    warnings.warn(f"the scan has no contrast (the middle 99% of its grey values are all {level:g}): "
+                  "nothing was segmented as pore; check that this is the scan you meant", CtporeWarning,
+                  stacklevel=3)

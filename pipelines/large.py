@@ -242,7 +242,7 @@ def reconstruct_large(
     import time
 
     from ctpore import __version__
-    from ctpore.data.normalize import NormalizedVolume, intensity_range
+    from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
     from ctpore.models.weights import load_for_inference, sha256_file
     from ctpore.pipelines.outputs import run_fields
     from ctpore.pipelines.stream import plan_streaming, predict, resolve_device
@@ -260,11 +260,17 @@ def reconstruct_large(
             plan = plan_streaming(model, shape, budget - slab_bytes(shape[1:], slab))
             tile = plan[0] if tile is None else tile
             chunk_slices = plan[1] if chunk_slices is None else chunk_slices
-        lo, hi = intensity_range(scan)
+        lo, hi = robust_range(scan)
         with _windowed(scan, folder, shape, tile, model.halo, progress) as source, BlockSpill(folder, shape) as spill:
             model.reset_backends_ran()
-            predict(model, NormalizedVolume(source, lo, hi), chunk_slices=chunk_slices, tile=tile, device=dev,
-                    progress=progress, out=spill, precision=precision)
+            if has_contrast(lo, hi):
+                predict(model, NormalizedVolume(source, lo, hi), chunk_slices=chunk_slices, tile=tile, device=dev,
+                        progress=progress, out=spill, precision=precision)
+            else:  # nothing to see: no pores, said in a warning
+                warn_no_contrast(lo)
+                for z0 in range(0, shape[0], slab):
+                    z1 = min(shape[0], z0 + slab)
+                    spill[z0:z1, 0:shape[1], 0:shape[2]] = np.zeros((z1 - z0, *shape[1:]), np.float32)
             metrics = postprocess_slabs(spill, geometry, paths, post.threshold, post.min_size,
                                         post.calibration, slab, truth=truth, slice_axis=slice_axis,
                                         progress=progress)

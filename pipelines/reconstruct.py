@@ -27,7 +27,7 @@ from ctpore.atomic import write_json_atomic
 from ctpore.data.calibration import apply_calibration
 from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan, read_label, save_volume
 from ctpore.data.metrics import comparison_metrics, volume_metrics
-from ctpore.data.normalize import NormalizedVolume, intensity_range
+from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
 from ctpore.errors import InputError
 from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
 from ctpore.pipelines.outputs import check_outputs, output_paths, output_set, remove_stale_temps, run_fields
@@ -138,11 +138,14 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress, m
         plan_tile, plan_chunk = plan_streaming(model, volume.shape, budget)
         tile = plan_tile if tile is None else tile
         chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
-    lo, hi = intensity_range(volume)
-    view = NormalizedVolume(volume, lo, hi)
+    lo, hi = robust_range(volume)
     model.reset_backends_ran()
-    prob = predict(model, view, chunk_slices=chunk_slices, tile=tile, device=dev, progress=progress,
-                   precision=precision)
+    if has_contrast(lo, hi):
+        prob = predict(model, NormalizedVolume(volume, lo, hi), chunk_slices=chunk_slices, tile=tile, device=dev,
+                       progress=progress, precision=precision)
+    else:
+        warn_no_contrast(lo)
+        prob = np.zeros(volume.shape, np.float32)
     info = {
         "model": {"name": meta.get("name", path.stem), "sha256": sha256_file(path)},
         "attention_backend": model.backends_ran(),  # what ran, not what was asked for

@@ -335,3 +335,16 @@ def test_shipped_poreformer_on_a_simulated_scan_of_leopard_sandstone(tmp_path, c
     m = json.loads((tmp_path / "out" / "leopard_scan_metrics.json").read_text())
     assert m["method"] == "poreformer"
     assert m["dice"] >= 0.9, m
+
+
+def test_a_scan_without_contrast_gets_no_pores_and_a_warning(tmp_path, capsys):
+    """A constant scan must not come out as pores (a dark, flat image looks like one big pore)."""
+    write_nifti(tmp_path / "flat.nii.gz", np.full((32, 40, 24), 1000, np.uint16), np.eye(4))
+    for method in ("poreformer", "otsu"):
+        with pytest.raises(SystemExit) as exc:
+            main(["reconstruct", str(tmp_path / "flat.nii.gz"), "-o", str(tmp_path / method), "--method", method])
+        assert exc.value.code == 0
+        metrics = json.loads((tmp_path / method / "flat_metrics.json").read_text())
+        assert metrics["porosity"] == 0 and metrics["n_pores"] == 0
+    err = capsys.readouterr().err
+    assert "ctpore: warning: the scan has no contrast" in err
