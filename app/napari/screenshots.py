@@ -12,6 +12,16 @@ import sys
 from pathlib import Path
 
 
+def settle(app, seconds: float = 1.0) -> None:
+    """Let Qt lay out and paint what just changed before a screenshot."""
+    import time
+
+    end = time.time() + seconds
+    while time.time() < end:
+        app.processEvents()
+        time.sleep(0.02)
+
+
 def main(outdir: str) -> None:
     import napari
     from qtpy.QtWidgets import QApplication
@@ -35,6 +45,7 @@ def main(outdir: str) -> None:
     viewer.dims.ndisplay = 3
     viewer.camera.angles = (0, 30, 60)
     viewer.camera.zoom *= 0.9
+    settle(app)
     viewer.screenshot(str(out / "napari_pores_3d.png"), canvas_only=False, flash=False)
     viewer.dims.ndisplay = 2
     viewer.window.remove_dock_widget(rec)
@@ -45,6 +56,7 @@ def main(outdir: str) -> None:
     insp.show_heads()
     while insp.info is None:
         app.processEvents()
+    settle(app)
     viewer.screenshot(str(out / "napari_attention.png"), canvas_only=False, flash=False)
     viewer.close()
 

@@ -21,6 +21,7 @@ from qtpy.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -82,6 +83,26 @@ class _WeightsField(QWidget):
         return self.edit.text().strip() or None
 
 
+def _scrolled(*widgets) -> QScrollArea:
+    """The results part of a dock: it scrolls when the dock is shorter than what it shows."""
+    inner = QWidget()
+    box = QVBoxLayout(inner)
+    for w in widgets:
+        box.addWidget(w)
+    box.addStretch()
+    area = QScrollArea()
+    area.setWidgetResizable(True)
+    area.setWidget(inner)
+    return area
+
+
+def _show_text(label: QLabel, text: str) -> None:
+    """Set a label's text and make the dock give it the height of all its lines."""
+    label.setText(text)
+    label.setMinimumHeight(label.fontMetrics().lineSpacing() * (text.count("\n") + 1) + 4)
+    label.updateGeometry()
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
     return " ".join(text.split())
@@ -122,8 +143,7 @@ class ReconstructWidget(QWidget):
         box.addLayout(form)
         box.addLayout(buttons)
         box.addWidget(self.progress)
-        box.addWidget(self.status)
-        box.addStretch()
+        box.addWidget(_scrolled(self.status), stretch=1)
         self.run_button.clicked.connect(self.run)
         self.cancel_button.clicked.connect(self.cancel)
         self.worker = None
@@ -177,7 +197,7 @@ class ReconstructWidget(QWidget):
             getattr(self.viewer, f"add_{kind}")(data, **kwargs)
         self.metrics = metrics
         cd = metrics["connectivity_density_per_mm3"]
-        self.status.setText(
+        _show_text(self.status, 
             f"porosity {metrics['porosity']:.4f}\nEuler number {metrics['euler_number']}\n"
             f"connectivity density {cd:.4g} per mm³\npores {metrics['n_pores']}\n"
             f"[{metrics['method']}, {metrics['seconds']:.1f} s, {metrics['attention_backend'] or '-'}]")
@@ -232,9 +252,7 @@ class AttentionInspector(QWidget):
         box.addLayout(form)
         box.addWidget(self.pick)
         box.addWidget(self.show_button)
-        box.addWidget(self.heatmap)
-        box.addWidget(self.summary)
-        box.addStretch()
+        box.addWidget(_scrolled(self.heatmap, self.summary), stretch=1)
         self.show_button.clicked.connect(self.show_heads)
         napari_viewer.mouse_drag_callbacks.append(self._on_click)
         self.worker = None
@@ -288,7 +306,9 @@ class AttentionInspector(QWidget):
         for data, kwargs, kind in layers:
             getattr(self.viewer, f"add_{kind}")(data, **kwargs)
         self.info = info
-        self.heatmap.setPixmap(_pixmap(info["heatmap"]))
+        pix = _pixmap(info["heatmap"])
+        self.heatmap.setPixmap(pix)
+        self.heatmap.setFixedSize(pix.size())
         view = info["view"]
         lines = [f"voxel {view.point}: heads x slices {int(view.slices[0])}..{int(view.slices[-1])}"]
         for b, name in enumerate(view.blocks):
@@ -296,4 +316,4 @@ class AttentionInspector(QWidget):
                 lines.append(f"{name} head {h}: top slice {view.top[b, h]}, look-back {view.lookback[b, h]:.1f}, "
                              f"entropy {view.entropy[b, h]:.2f}")
         lines.append(f"heads alike (full resolution, 1 = copies): {info['similarity']:.2f}")
-        self.summary.setText("\n".join(lines))
+        _show_text(self.summary, "\n".join(lines))

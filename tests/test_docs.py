@@ -1,0 +1,34 @@
+"""The README's tables of figures are copied from files that commands wrote (docs/*.md), never typed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def table_rows(text: str) -> list[str]:
+    """The data rows of the Markdown tables in ``text`` (not headers or rules)."""
+    rows = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+    return [r for r in rows if not re.fullmatch(r"\|[\s:|-]+\|", r) and re.search(r"\d", r)]
+
+
+def test_readme_figure_tables_come_from_the_docs_files():
+    readme = (ROOT / "README.md").read_text()
+    sources = {name: (ROOT / "docs" / name).read_text() for name in ("performance.md", "benchmark.md")}
+    further = ROOT / "docs" / "further" / "benchmark.md"
+    if further.exists():
+        sources["further/benchmark.md"] = further.read_text()
+    found = [row for row in table_rows(readme) if any(row in text for text in sources.values())]
+    figures = [row for row in table_rows(readme) if re.search(r"\d\.\d", row)]
+    assert figures, "the README shows no table of figures"
+    missing = [row for row in figures if row not in found]
+    assert not missing, f"README rows with figures not in docs/*.md: {missing}"
+
+
+def test_readme_names_the_commands_that_made_its_figures():
+    readme = (ROOT / "README.md").read_text()
+    for name in ("performance.md", "benchmark.md"):
+        made_by = re.search(r"Reproduce: `([^`]+)`", (ROOT / "docs" / name).read_text())
+        assert made_by and made_by.group(1).split(" --")[0] in readme, name
