@@ -32,7 +32,6 @@ streaming driver does with the cache (at most ``W - 1`` old slices are kept).
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections import Counter
 from typing import Callable
@@ -42,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctpore.errors import InputError, NonFiniteError
+from ctpore.models.backends import BACKENDS, flash_available, load_flash, resolve_backend
 from ctpore.models.kv_cache import KVCache
 
 __all__ = [
@@ -55,93 +55,10 @@ __all__ = [
     "resolve_backend",
 ]
 
-BACKENDS = ("auto", "flash", "sdpa", "math")
 
 # Kernel launch grids put the batch on an axis limited to 65535 blocks (flash-attn, and PyTorch's
 # CUDA kernels); a tile of 256 x 256 pixel columns is 65536 sequences. Split above this on CUDA.
 _CUDA_MAX_BATCH = 32768
-
-_flash_cache: dict[str, object] = {}
-
-
-def _load_flash() -> tuple[Callable | None, str]:
-    """Import ``flash_attn_func`` once; return ``(fn, "")`` or ``(None, why_not)``."""
-    if "fn" in _flash_cache:
-        return _flash_cache["fn"], _flash_cache["why"]  # type: ignore[return-value]
-    fn, why = None, ""
-    if not torch.cuda.is_available():
-        why = "CUDA is not available"
-    else:
-        try:
-            major, _minor = torch.cuda.get_device_capability()
-        except Exception as exc:  # a broken driver: report, do not crash
-            major, why = 0, f"cannot read the GPU's compute capability ({exc})"
-        if major < 8 and not why:
-            why = f"the GPU's compute capability is {major}.x; flash-attn needs >= 8.0"
-        if not why:
-            try:
-                from flash_attn import flash_attn_func  # noqa: PLC0415 (optional, lazy)
-            except (ImportError, OSError) as exc:
-                why = f"flash-attn cannot be imported ({exc}); install ctpore[gpu]"
-            else:
-                if "window_size" not in inspect.signature(flash_attn_func).parameters:
-                    why = "flash-attn is too old (no window_size); install flash-attn>=2.3"
-                else:
-                    fn = flash_attn_func
-    _flash_cache["fn"], _flash_cache["why"] = fn, why
-    return fn, why
-
-
-def flash_available() -> bool:
-    """Whether the ``flash`` backend can run here.
-
-    True only with CUDA, a GPU of compute capability >= 8 and an importable ``flash-attn``
-    (>= 2.3). The import happens on the first call, never when this module loads.
-
-    Returns
-    -------
-    bool
-    """
-    return _load_flash()[0] is not None
-
-
-def resolve_backend(name: str, head_dim: int | None = None) -> str:
-    """Turn a requested backend into the one that will run.
-
-    Parameters
-    ----------
-    name : {"auto", "flash", "sdpa", "math"}
-        The request. ``auto`` takes ``flash`` where available (and the head size suits it),
-        else ``sdpa``.
-    head_dim : int, optional
-        Size of one head; flash-attn needs a multiple of 8 up to 256.
-
-    Returns
-    -------
-    str
-        ``"flash"``, ``"sdpa"`` or ``"math"``.
-
-    Raises
-    ------
-    InputError
-        For an unknown name, or ``flash`` asked for where it cannot run (the message says why).
-    """
-    if name not in BACKENDS:
-        raise InputError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}")
-    head_ok = head_dim is None or (head_dim % 8 == 0 and head_dim <= 256)
-    if name == "auto":
-        return "flash" if (head_ok and flash_available()) else "sdpa"
-    if name == "flash":
-        _fn, why = _load_flash()
-        if why:
-            raise InputError(f"attention_backend 'flash' is not available: {why}; use 'sdpa'")
-        if not head_ok:
-            raise InputError(
-                f"attention_backend 'flash' needs a head size that is a multiple of 8 up to 256, "
-                f"got {head_dim}; use 'sdpa'"
-            )
-    return name
-
 
 def attention_problems(
     d_model: int,
@@ -538,7 +455,7 @@ class MultiHeadAttention(nn.Module):
 
     def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
         """flash-attn; (B, Z, H, D) layout in and out, GQA native, bottom-right causal."""
-        fn, why = _load_flash()
+        fn, why = load_flash()
         if fn is None:  # cannot happen after resolve_backend, unless the GPU vanished
             raise RuntimeError(f"flash-attn is not available: {why}")
         window_size = (-1, -1) if self.window is None else (self.window - 1, 0)

@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctpore.errors import InputError
-from ctpore.models.attention import MultiHeadAttention, check_finite, resolve_backend
+from ctpore.models.attention import check_finite, resolve_backend
+from ctpore.models.blocks import Block, channels_last, conv3x3, gelu_, up2, z_features
 from ctpore.models.kv_cache import KVCache
 from ctpore.models.poreformer_config import PoreFormerConfig
 
@@ -55,117 +56,6 @@ __all__ = ["PoreFormer", "PoreFormerConfig", "z_features"]
 #: Full-resolution tokens processed at a time in inference (a band of rows of the tile): bounds
 #: the working memory of the full-resolution part and keeps its tensors in the CPU's caches.
 _BAND_TOKENS = 1 << 17
-
-
-def z_features(
-    z0: int,
-    n: int,
-    n_features: int,
-    max_period: float,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Sinusoidal features of the absolute slice indices ``z0 ... z0+n-1``.
-
-    Computed in float64 so that large ``z`` (thousands of slices) keep their phase, then cast.
-
-    Parameters
-    ----------
-    z0 : int
-        Absolute index of the first slice.
-    n : int
-        Number of slices.
-    n_features : int
-        Even number of features: ``n_features/2`` frequencies from 1 to ``1/max_period``
-        radians per slice, geometrically spaced; sin then cos.
-    max_period : float
-    device, dtype
-        Of the result.
-
-    Returns
-    -------
-    torch.Tensor
-        ``(n, n_features)``.
-    """
-    half = n_features // 2
-    freqs = max_period ** (-torch.arange(half, dtype=torch.float64, device=device) / half)
-    z = torch.arange(z0, z0 + n, dtype=torch.float64, device=device)
-    ang = z[:, None] * freqs[None, :]  # (n, half)
-    return torch.cat([torch.sin(ang), torch.cos(ang)], dim=-1).to(dtype)  # (n, n_features)
-
-
-def _gelu(h: torch.Tensor) -> torch.Tensor:
-    """GELU, in place when no gradient is recorded (saves a large allocation in inference)."""
-    return F.gelu(h) if torch.is_grad_enabled() else torch.ops.aten.gelu_(h)
-
-
-def _conv(c_in: int, c_out: int, stride: int = 1, dilation: int = 1) -> nn.Conv2d:
-    """3x3 conv that pads by replicating the edge (a border is not a structure)."""
-    return nn.Conv2d(c_in, c_out, 3, stride=stride, padding=dilation, dilation=dilation,
-                     padding_mode="replicate")
-
-
-def _channels_last(h: torch.Tensor) -> torch.Tensor:
-    return h.contiguous(memory_format=torch.channels_last)
-
-
-def _up2(h: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
-    """Rows ``rows`` and columns ``cols`` of the bilinear x2 upsampling of ``h`` to ``size``.
-
-    Equal to ``interpolate(h, size=size, mode="bilinear")[..., r0:r1, c0:c1]`` (half-pixel
-    centres, edges clamped) but upsamples only the part of ``h`` those pixels read.
-    """
-    (r0, r1), (c0, c1) = rows, cols
-    hy, hx = h.shape[-2:]
-    a0, a1 = max(0, r0 // 2 - 1), min(hy, (r1 - 1) // 2 + 2)
-    b0, b1 = max(0, c0 // 2 - 1), min(hx, (c1 - 1) // 2 + 2)
-    part = h[:, :, a0:a1, b0:b1]
-    # The part's own edges are clamped; crop by one coarse pixel where it is not the real edge.
-    out = F.interpolate(part, scale_factor=2, mode="bilinear", align_corners=False)
-    out = out[:, :, : min(2 * a1, size[0]) - 2 * a0, : min(2 * b1, size[1]) - 2 * b0]
-    return out[:, :, r0 - 2 * a0 : r1 - 2 * a0, c0 - 2 * b0 : c1 - 2 * b0]
-
-
-class Block(nn.Module):
-    """Pre-norm inter-slice block on column-major tokens ``(N, Z, C)``: attention (z encoding
-    in V), then, where ``mlp_hidden`` > 0, a per-token MLP."""
-
-    def __init__(self, d: int, cfg: PoreFormerConfig, n_kv_heads: int | None, window: int | None,
-                 mlp_hidden: int, name: str):
-        super().__init__()
-        self.name = name
-        self.ln1 = nn.LayerNorm(d)
-        self.attn = MultiHeadAttention(
-            d, cfg.n_heads, n_kv_heads, causal=cfg.causal, window=window,
-            dropout=cfg.dropout, backend=cfg.attention_backend, name=f"{name}.attn",
-        )
-        # V = W_v x + pos_enc(z), pos_enc(z) = W_pos sinusoidal(z): one vector per kv head.
-        self.pos = nn.Linear(cfg.pos_features, self.attn.kv_dim, bias=False) if cfg.pos_in_v else None
-        self.mlp = None
-        if mlp_hidden:
-            self.mlp = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, mlp_hidden), nn.GELU(),
-                                     nn.Linear(mlp_hidden, d), nn.Dropout(cfg.dropout))
-
-    def forward(self, t: torch.Tensor, zfeat: torch.Tensor, cache: KVCache | None = None,
-                need_weights: bool = False, check: bool = False, rows: slice | None = None,
-                n_rows: int | None = None):
-        """Tokens ``(N, Zq, C)`` -> same shape, and the attention weights ``(N, H, Zq, Zk)`` if asked.
-
-        ``rows``/``n_rows``: ``t`` is that band of the tile's columns (see :meth:`KVCache.extend`).
-        """
-        pos_v = self.pos(zfeat) if self.pos is not None else None  # (Zq, Hkv*D)
-        a = self.attn(self.ln1(t), pos_v=pos_v, cache=cache, need_weights=need_weights, check=check,
-                      cache_rows=rows, n_rows=n_rows)
-        w = None
-        if need_weights:
-            a, w = a
-        t = t + a if torch.is_grad_enabled() else t.add_(a)
-        if self.mlp is not None:
-            m = self.mlp(t)
-            t = t + m if torch.is_grad_enabled() else t.add_(m)
-        if check:
-            check_finite(t, self.name, "output")
-        return t, w
 
 
 class PoreFormer(nn.Module):
@@ -188,10 +78,10 @@ class PoreFormer(nn.Module):
         super().__init__()
         self.config = cfg = config if config is not None else PoreFormerConfig()
         chans = (cfg.stem_channels, *cfg.level_channels)
-        self.stem = _conv(1, cfg.stem_channels)
-        self.down = nn.ModuleList(_conv(chans[lv - 1], chans[lv], stride=2) for lv in range(1, len(chans)))
+        self.stem = conv3x3(1, cfg.stem_channels)
+        self.down = nn.ModuleList(conv3x3(chans[lv - 1], chans[lv], stride=2) for lv in range(1, len(chans)))
         self.conv = nn.ModuleList(
-            _conv(chans[lv], chans[lv], dilation=cfg.level_dilation if lv == cfg.n_levels else 1)
+            conv3x3(chans[lv], chans[lv], dilation=cfg.level_dilation if lv == cfg.n_levels else 1)
             for lv in range(1, len(chans))
         )
         self.level_blocks = nn.ModuleList(
@@ -412,7 +302,7 @@ class PoreFormer(nn.Module):
             t, w = blk(t, zfeat, None if caches is None else caches.pop(0), need_weights, check)
             if w is not None:
                 maps.append((scale, (hy, hx), w))
-        return _channels_last(t.transpose(0, 1).reshape(z * b, hy, hx, c).permute(0, 3, 1, 2))
+        return channels_last(t.transpose(0, 1).reshape(z * b, hy, hx, c).permute(0, 3, 1, 2))
 
     def _run(
         self,
@@ -451,13 +341,13 @@ class PoreFormer(nn.Module):
         py, px = (-y) % a, (-xx) % a
         if py or px:
             img = F.pad(img, (0, px, 0, py), mode="replicate")
-        s0 = _channels_last(_gelu(self.stem(img)))  # (Z*B, C0, Y', X')
+        s0 = channels_last(gelu_(self.stem(img)))  # (Z*B, C0, Y', X')
         if check:
             check_finite(s0, "encoder", "output")
         feats, h = [s0], s0
         for lv in range(cfg.n_levels):
-            h = _channels_last(_gelu(self.down[lv](h)))
-            h = _channels_last(_gelu(self.conv[lv](h)))
+            h = channels_last(gelu_(self.down[lv](h)))
+            h = channels_last(gelu_(self.conv[lv](h)))
             if len(self.level_blocks[lv]):
                 h = self._level_attention(h, self.level_blocks[lv], z, b, zfeat, caches, need_weights,
                                           check, maps, 2 ** (lv + 1))
@@ -466,7 +356,7 @@ class PoreFormer(nn.Module):
         for lv in range(cfg.n_levels - 1, 0, -1):  # back up to 1/2 resolution
             skip = feats[lv]
             u = F.interpolate(u, size=skip.shape[-2:], mode="bilinear", align_corners=False)
-            u = _channels_last(_gelu(self.fuse[lv - 1](torch.cat([u, skip], dim=1))))
+            u = channels_last(gelu_(self.fuse[lv - 1](torch.cat([u, skip], dim=1))))
         u = self.up_proj(u)  # (Z*B, d, Y'/2, X'/2): projected before upsampling (both are linear)
         full = [None if caches is None else caches.pop(0) for _ in self.blocks]
         logits = self._full_resolution(x, u, s0, (mt, mb, ml, mr), zfeat, full, need_weights, check, maps)
@@ -495,7 +385,7 @@ class PoreFormer(nn.Module):
         for r0 in range(0, oy, band):
             r1 = min(oy, r0 + band)
             rows = slice(ox * r0, ox * r1) if band < oy else None  # this band's pixel columns
-            up = _up2(u, (mt + r0, mt + r1), (ml, xx - mr), s0.shape[-2:])  # (Z*B, d, rb, ox)
+            up = up2(u, (mt + r0, mt + r1), (ml, xx - mr), s0.shape[-2:])  # (Z*B, d, rb, ox)
             st = self.stem_proj(s0[:, :, mt + r0 : mt + r1, ml : xx - mr])
             if check:
                 check_finite(up, "decoder", "output")

@@ -35,7 +35,7 @@ import numpy as np
 from ctpore.data.calibration import apply_calibration
 from ctpore.data.io import Scan, load_scan
 from ctpore.data.io.write import SlabWriter
-from ctpore.data.topology import SlabComponents, StreamingTopology
+from ctpore.data.slabs import SlabComponents, StreamingTopology
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 

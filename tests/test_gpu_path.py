@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ctpore.errors import InputError
 from ctpore.models import attention as A
+from ctpore.models import backends as B
 from ctpore.models import PoreFormer, PoreFormerConfig
 from ctpore.models.attention import causal_mask
 from ctpore.pipelines.stream import predict, resolve_device
@@ -51,7 +52,8 @@ def fake_flash(monkeypatch):
             scale=softmax_scale or 1 / math.sqrt(d))
         return out.transpose(1, 2).to(q.dtype)
 
-    monkeypatch.setattr(A, "_load_flash", lambda: (flash_attn_func, ""))
+    monkeypatch.setattr(B, "load_flash", lambda: (flash_attn_func, ""))  # what resolve_backend asks
+    monkeypatch.setattr(A, "load_flash", lambda: (flash_attn_func, ""))  # what the flash path calls
     # the real check also wants q on CUDA; here the tensors stay on the CPU
     monkeypatch.setattr(A.MultiHeadAttention, "_flash_ok",
                         staticmethod(lambda q: q.dtype in (torch.float16, torch.bfloat16)))

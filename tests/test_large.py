@@ -13,13 +13,8 @@ from scipy import ndimage as ndi
 from ctpore.data.io import geometry_from_array, load_scan, save_volume
 from ctpore.data.io.write import SlabWriter
 from ctpore.data.metrics import comparison_metrics, volume_metrics
-from ctpore.data.topology import (
-    SlabComponents,
-    StreamingTopology,
-    connectivity_density,
-    euler_number,
-    n_components,
-)
+from ctpore.data.slabs import SlabComponents, StreamingTopology
+from ctpore.data.topology import connectivity_density, euler_number, n_components
 from ctpore.errors import InputError
 from ctpore.models.classical import clean_specks
 from ctpore.pipelines.large import BlockSpill, postprocess_slabs

@@ -21,7 +21,6 @@ from ctpore.app.napari.layers import (  # noqa: E402
     reconstruct_layers,
     scan_layer,
     volume_of,
-    write_layer,
 )
 from ctpore.data.io import load_scan  # noqa: E402
 from ctpore.errors import InputError  # noqa: E402

@@ -13,8 +13,9 @@ import yaml
 
 from ctpore.errors import InputError, NonFiniteError
 from ctpore.models import PoreFormer, PoreFormerConfig
-from ctpore.models.attention import attention_entropy, flash_available
-from ctpore.models.poreformer import z_features
+from ctpore.models.attention import attention_entropy
+from ctpore.models.backends import flash_available
+from ctpore.models.blocks import z_features
 
 HAS_FLASH = torch.cuda.is_available() and flash_available()
 

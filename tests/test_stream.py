@@ -254,7 +254,7 @@ def test_peak_memory_does_not_grow_with_z(tmp_path):
 
 
 def test_bilinear_upsampling_of_a_crop_equals_the_crop_of_the_upsampling():
-    from ctpore.models.poreformer import _up2
+    from ctpore.models.blocks import up2 as _up2
 
     h = torch.randn(2, 3, 11, 13)
     full = torch.nn.functional.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
