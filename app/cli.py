@@ -381,9 +381,9 @@ def bench_gpu(workdir, sizes, device, memory_gb, out):
 @click.option("--n-sim", default=8, show_default=True, type=click.IntRange(0), help="Held-out simulated scans.")
 @click.option("--size", default=64, show_default=True, type=click.IntRange(16), help="Edge of the simulated scans.")
 @click.option("--leopard", type=click.Path(path_type=Path), default=None,
-              help="Real pore label to scan with the simulator (default ../shared/data/leopard_porespy/label.nii.gz).")
+              help="Real pore label to scan with the simulator (default: leopard_porespy/label.nii.gz in $CTPORE_SHARED_DATA or ../shared/data beside the repository).")
 @click.option("--real-scan", type=click.Path(path_type=Path), default=None,
-              help="Real unlabelled scan (default ../shared/data/quantimpy_rock/gray.nii.gz).")
+              help="Real unlabelled scan (default: quantimpy_rock/gray.nii.gz in the same folder).")
 @click.option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path))
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--weights-dir", type=click.Path(path_type=Path, file_okay=False), default=None,

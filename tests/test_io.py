@@ -17,6 +17,7 @@ import pytest
 import tifffile
 
 from ctpore.errors import InputError, NonFiniteError
+from ctpore.pipelines.bench.quality import default_shared
 from ctpore.data.io import (
     Geometry,
     geometry_from_array,
@@ -27,7 +28,7 @@ from ctpore.data.io import (
     save_volume,
 )
 
-REAL_GRAY = Path("/work/shared/data/quantimpy_rock/gray.nii.gz")
+REAL_GRAY = (default_shared() or Path("missing")) / "quantimpy_rock" / "gray.nii.gz"
 
 # The convention, written out by hand: file axes (i, j, k) that become (Z, Y, X).
 EXPECTED_PERM = {0: (0, 2, 1), 1: (1, 2, 0), 2: (2, 1, 0)}

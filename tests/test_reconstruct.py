@@ -15,9 +15,10 @@ import tifffile
 
 from ctpore.app.cli import main
 from ctpore.data.metrics import comparison_metrics, volume_metrics
+from ctpore.pipelines.bench.quality import default_shared
 from ctpore.pipelines.reconstruct import reconstruct
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = default_shared() or Path("missing")
 REAL_SCAN = SHARED / "quantimpy_rock" / "gray.nii.gz"
 
 

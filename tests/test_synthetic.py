@@ -18,8 +18,9 @@ from skimage.filters import threshold_otsu
 
 from ctpore.data import synthetic as S
 from ctpore.errors import InputError
+from ctpore.pipelines.bench.quality import default_shared
 
-LEOPARD = Path("/work/shared/data/leopard_porespy/label.nii.gz")
+LEOPARD = (default_shared() or Path("missing")) / "leopard_porespy" / "label.nii.gz"
 
 # a scanner with nothing but the partial-volume grey mapping (noise std ~1e-9 of the contrast)
 CLEAN = S.ScannerParams(dtype="uint16", pore_level=0.1, contrast=0.6, cnr=1e9, poisson_fraction=0.0,
