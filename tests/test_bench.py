@@ -13,6 +13,7 @@ import pytest
 from ctpore.errors import InputError
 from ctpore.data.metrics import comparison_metrics
 from ctpore.data.synthetic import make_pair
+from ctpore.models.weights import read_metadata
 from ctpore.pipelines.bench import BENCH_SEED_BASE, Runner, bench_quality, weights_dir, write_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -48,6 +49,10 @@ def test_weights_dir_is_used_and_a_missing_file_is_named(tmp_path):
     shutil.copy(shipped, tmp_path / "unet2d.safetensors")
     runner = Runner(("unet2d",), weights=tmp_path)
     assert runner.params["unet2d"] > 0
+    # The report's training budget is the one the weights file records.
+    meta = read_metadata(tmp_path / "unet2d.safetensors")
+    assert runner.training["unet2d"]["steps"] == int(meta["steps"])
+    assert runner.training["unet2d"]["batch_size"] == json.loads(meta["train_config"])["batch_size"]
 
 
 def test_seed_base_moves_the_simulated_cases(tmp_path):

@@ -9,6 +9,7 @@ A real unlabelled scan adds each method's porosity and Euler number and a pictur
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -27,7 +28,7 @@ from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
 from ctpore.errors import InputError
 from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
 from ctpore.models.unet import predict_unet
-from ctpore.models.weights import load_model, load_unet, read_postprocessing, weights_dir
+from ctpore.models.weights import load_model, load_unet, read_metadata, read_postprocessing, weights_dir
 from ctpore.pipelines.reconstruct import reconstruct
 from ctpore.progress import ProgressFn
 
@@ -47,6 +48,21 @@ def _n_params(model) -> int:
     return int(sum(p.numel() for p in model.parameters()))
 
 
+def _short(path) -> str:
+    """A data file named by its folder and name: reports carry no machine's absolute paths."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+
+def _training(path: Path) -> dict:
+    """Steps, batch size, crop, training seconds and speck size stored in a weights file."""
+    meta = read_metadata(path)
+    cfg = json.loads(meta.get("train_config", "{}"))
+    return {"steps": int(meta.get("steps", cfg.get("steps", 0))), "batch_size": cfg.get("batch_size"),
+            "crop": cfg.get("data", {}).get("crop"), "train_seconds": float(meta.get("train_seconds", "nan")),
+            "threads": cfg.get("threads"), "min_size": int(meta.get("min_size", 0))}
+
+
 class Runner:
     """Holds the loaded models; ``run(method, scan) -> (prob, pores, seconds)``."""
 
@@ -55,6 +71,7 @@ class Runner:
         self.models: dict = {}
         self.post: dict = {}
         self.params: dict = {m: 0 for m in methods}
+        self.training: dict = {}  # method -> how its weights were trained (from their metadata)
         self.poreformer_weights: Optional[Path] = None
         wdir = Path(weights) if weights is not None else weights_dir()
         for m in methods:
@@ -63,6 +80,7 @@ class Runner:
                 self.models[m] = load_unet(path)
                 self.post[m] = read_postprocessing(path)  # chosen on validation scans at export
                 self.params[m] = _n_params(self.models[m])
+                self.training[m] = _training(path)
             elif m == "poreformer":
                 path = wdir / "poreformer.safetensors"
                 if not path.exists():
@@ -70,6 +88,7 @@ class Runner:
                                      path=path)
                 self.poreformer_weights = path
                 self.params[m] = _n_params(load_model(path))
+                self.training[m] = _training(path)
 
     def run(self, method: str, scan: np.ndarray):
         t0 = time.perf_counter()
@@ -172,7 +191,7 @@ def bench_quality(
     real = None
     if real_scan is not None:
         vol, geom = read_volume(real_scan)
-        real = {"path": str(real_scan), "methods": {}, "pores": {}}
+        real = {"path": _short(real_scan), "methods": {}, "pores": {}}
         for m in methods:
             prob, pores, secs = runner.run(m, vol)
             real["methods"][m] = {"porosity": porosity(pores), "euler_number": euler_number(pores),
@@ -182,6 +201,6 @@ def bench_quality(
             if progress is not None:
                 progress(done, total, f"{m} on the real scan")
         real["volume"] = vol
-    return {"rows": rows, "summary": summary, "real": real, "n_sim": n_sim, "size": size, "seed_base": seed_base,
-            "zoom_max": zoom_max, "leopard": str(leopard) if leopard else None, "torch": torch.__version__,
+    return {"rows": rows, "summary": summary, "real": real, "training": runner.training, "n_sim": n_sim, "size": size, "seed_base": seed_base,
+            "zoom_max": zoom_max, "leopard": _short(leopard) if leopard else None, "torch": torch.__version__,
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}

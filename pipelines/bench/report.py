@@ -78,6 +78,16 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
         dm = 100 * (1 - pf["mse"] / u2["mse"]) if u2["mse"] else float("nan")
         word = lambda d: f"{abs(d):.0f}% {'lower' if d >= 0 else 'higher'}"  # noqa: E731
         lines += ["", f"PoreFormer against the 2D U-Net: relative Euler error {word(de)}, MSE {word(dm)}."]
+    if result.get("training"):
+        lines += ["", "## How the learned models were trained", "",
+                  "From each weights file's metadata: all on the same simulated training volumes and crops; the",
+                  "speck size was chosen on validation-range scans at export.", "",
+                  "| method | training steps | batch | crop (Z, Y, X) | training seconds | threads | speck size |",
+                  "|---|---:|---:|---|---:|---:|---:|"]
+        for m, v in result["training"].items():
+            crop = " × ".join(str(c) for c in v["crop"]) if v.get("crop") else "?"
+            lines.append(f"| {LABELS[m]} | {v['steps']} | {v['batch_size']} | {crop} | {v['train_seconds']:.0f} | "
+                         f"{v['threads']} | {v['min_size']} |")
     if all("calibration_ece" in v for v in s.values()):
         lines += ["", "## Can the probabilities be trusted?", "",
                   "Over all cases' voxels, in ten equal bins of the predicted probability: the expected calibration",
