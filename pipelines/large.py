@@ -39,7 +39,7 @@ from ctpore.data.slabs import SlabComponents, StreamingTopology
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
-__all__ = ["BlockSpill", "postprocess_slabs", "slab_bytes", "reconstruct_large"]
+__all__ = ["BlockSpill", "plan_budget", "postprocess_slabs", "reconstruct_large", "slab_bytes"]
 
 
 class BlockSpill:
@@ -218,6 +218,19 @@ def _binary_slab(scan: Scan, s0: int, s1: int, path) -> np.ndarray:
 
 
 
+def plan_budget(model, shape: tuple[int, int, int], memory_gb: float, rss: float) -> tuple[int, tuple[int, int]]:
+    """How ``reconstruct_large`` spends ``memory_gb`` for the whole process, ``rss`` bytes already used:
+    the slab of post-processing (slices) and the model's ``(tile, chunk_slices)``.
+
+    A quarter of what is left goes to the slab, the rest (less a margin) to the model's tiles.
+    """
+    from ctpore.pipelines.stream import plan_streaming
+
+    budget = memory_gb * 2**30 - rss - 64 * 2**20
+    slab = max(1, min(shape[0], 64, int(budget * 0.25) // max(1, slab_bytes(shape[1:], 1))))
+    return slab, plan_streaming(model, shape, budget - slab_bytes(shape[1:], slab))
+
+
 def reconstruct_large(
     scan_path: str | os.PathLike,
     paths: dict,
@@ -245,7 +258,7 @@ def reconstruct_large(
     from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
     from ctpore.models.weights import load_for_inference, sha256_file
     from ctpore.pipelines.outputs import run_fields
-    from ctpore.pipelines.stream import plan_streaming, predict, resolve_device
+    from ctpore.pipelines.stream import predict, resolve_device
     from ctpore.runtime import current_rss
 
     t0 = time.perf_counter()
@@ -254,12 +267,9 @@ def reconstruct_large(
     with load_scan(scan_path, slice_axis=slice_axis) as scan:  # a bad scan is said before the weights load
         model, meta, post, wpath = load_for_inference(weights, dev, attention_backend)
         shape, geometry = tuple(scan.shape), scan.geometry
-        budget = memory_gb * 2**30 - current_rss() - 64 * 2**20
-        slab = max(1, min(shape[0], 64, int(budget * 0.25) // max(1, slab_bytes(shape[1:], 1))))
-        if tile is None or chunk_slices is None:
-            plan = plan_streaming(model, shape, budget - slab_bytes(shape[1:], slab))
-            tile = plan[0] if tile is None else tile
-            chunk_slices = plan[1] if chunk_slices is None else chunk_slices
+        slab, plan = plan_budget(model, shape, memory_gb, current_rss())
+        tile = plan[0] if tile is None else tile
+        chunk_slices = plan[1] if chunk_slices is None else chunk_slices
         lo, hi = robust_range(scan)
         with _windowed(scan, folder, shape, tile, model.halo, progress) as source, BlockSpill(folder, shape) as spill:
             model.reset_backends_ran()

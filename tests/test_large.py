@@ -173,3 +173,22 @@ def test_a_streamed_reconstruction_equals_the_in_memory_one(tmp_path):
     ref = R.reconstruct(tmp_path / "t.nii.gz", "poreformer", weights=w, tile=24, chunk_slices=8)
     assert gz["result"]["euler_number"] == ref.metrics["euler_number"]
     assert not [p for p in (tmp_path / "gz").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("shape", [(96, 256, 256), (8, 1024, 1024), (2000, 2000, 2000)])
+def test_the_budget_plan_keeps_slab_and_model_within_what_is_left(shape):
+    """plan_budget (what reconstruct uses): slab + the model's estimated working memory of its plan
+    fit in memory_gb less what the process holds."""
+    from ctpore.models.weights import default_weights_path, load_model
+    from ctpore.pipelines.large import plan_budget, slab_bytes
+    from ctpore.pipelines.stream import plan_tiles
+
+    model = load_model(default_weights_path())
+    rss = 300 * 2**20
+    for gb in (1.0, 1.5, 4.0):
+        slab, (tile, chunk) = plan_budget(model, shape, gb, rss)
+        window = max((w[1] - w[0], w[3] - w[2]) for _c, w in plan_tiles(shape[1], shape[2], tile, model.halo))
+        core = (min(tile, shape[1]), min(tile, shape[2]))
+        used = slab_bytes(shape[1:], slab) + model.inference_bytes(window, core, chunk)
+        assert 1 <= slab <= shape[0] and 1 <= chunk <= shape[0]
+        assert used <= gb * 2**30 - rss

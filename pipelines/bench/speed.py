@@ -106,6 +106,28 @@ def poreformer_flops_per_voxel(model, chunk: int = 16) -> dict:
     return {"counted": counted, "attention": attention, "total": counted + attention}
 
 
+def _reconstruct_plan(scan: Path, memory_gb: float = 1.5) -> tuple[int, int]:
+    """The ``(tile, chunk_slices)`` that ``ctpore reconstruct`` picks for ``scan`` by default: asked of
+    a fresh process that opens the scan and loads the weights as it does (the plan depends on the
+    memory already in use)."""
+    code = (
+        "import json, sys\n"
+        "import ctpore.app.cli  # what the command has imported when it plans\n"
+        "from ctpore.data.io import load_scan\n"
+        "from ctpore.models.weights import load_for_inference\n"
+        "from ctpore.pipelines.large import plan_budget\n"
+        "from ctpore.runtime import current_rss, tune_allocator\n"
+        "tune_allocator()\n"
+        "with load_scan(sys.argv[1]) as scan:\n"
+        "    model = load_for_inference(None, 'cpu', None)[0]\n"
+        "    print(json.dumps(plan_budget(model, tuple(scan.shape), float(sys.argv[2]), current_rss())[1]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(scan), str(memory_gb)], capture_output=True, text=True,
+                         check=True)
+    tile, chunk = json.loads(out.stdout.strip().splitlines()[-1])
+    return int(tile), int(chunk)
+
+
 def _model_speed(model, shape, tile, chunk) -> float:
     from ctpore.pipelines.stream import predict
 
@@ -130,9 +152,6 @@ def bench_speed(
 
     from ctpore.data.synthetic import make_pair
     from ctpore.models.weights import default_weights_path, load_model
-    from ctpore.pipelines.stream import plan_streaming
-    from ctpore.runtime import current_rss
-
     if repeats < 1:
         raise InputError(f"repeats must be >= 1, got {repeats}")
     names = list(METHODS) if methods is None else list(methods)
@@ -178,7 +197,7 @@ def bench_speed(
         if progress is not None:
             progress(done, total, f"memory {extra}")
     model = load_model(default_weights_path())
-    tile, chunk = plan_streaming(model, shape, 1.5 * 2**30 - current_rss() - nvox * 9)
+    tile, chunk = _reconstruct_plan(scan)
     flops = poreformer_flops_per_voxel(model, chunk)
     model_vps = _model_speed(model, shape, tile, chunk)
     peaks = {d: matmul_peak(d) for d in ("float32", "bfloat16")}
