@@ -156,3 +156,18 @@ def test_flops_per_voxel_counts_the_convolutions_and_products():
     macs = 9 * 4 + (9 * 4 * 8 + 9 * 8 * 8 + 8 * 16) / 4 + 4 * 16 + 16 * 16 + 16 * 16 + 2 * 16
     assert flops["counted"] == pytest.approx(2 * macs, rel=0.03)
     assert flops["attention"] == 4 * 8 * 2 * 4  # QK^T and AV over 4 keys, 2 heads of 8
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory from wait4 on Linux")
+def test_a_measured_process_is_not_charged_the_memory_of_its_parent():
+    """The peak RSS of a 200 MB child reads the same whether the measuring process holds 1 GB or not
+    (forked straight from it, a child starts at the parent's high-water mark)."""
+    from ctpore.pipelines.bench.speed import _run
+
+    child = [sys.executable, "-c", "import numpy as np; a = np.ones(200 * 2**20 // 8); print(a.sum())"]
+    _, small = _run(child)
+    held = np.ones(1024 * 2**20 // 8)  # the parent now holds 1 GB
+    _, large = _run(child)
+    assert held.sum() > 0
+    assert 200 * 2**20 <= small < 600 * 2**20
+    assert abs(large - small) < 100 * 2**20

@@ -55,19 +55,39 @@ def _command(spec: list[str], scan: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "ctpore.pipelines.bench.references", spec[1], str(scan), str(out)]
 
 
+#: Run by a small Python process between the caller and the measured command. On Linux a child's
+#: peak resident set starts at that of the process it was forked from (exec records the old
+#: memory's high-water mark), so a command started straight from a large process would be
+#: charged that process's memory; the launcher is small, forks the command and reports its
+#: wall seconds and peak RSS on its stdout.
+_LAUNCHER = """
+import json, os, sys, time
+t = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+_pid, status, usage = os.wait4(pid, 0)
+print(json.dumps([time.perf_counter() - t, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)]))
+"""
+
+
 def _run(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak resident memory (bytes) of one process."""
+    """Wall seconds and peak resident memory (bytes) of one process running ``cmd``."""
     env = dict(os.environ, CTPORE_NO_PROGRESS="1")
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    dt = time.perf_counter() - t
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    proc.stderr.close()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err.strip()[-500:]}")
-    return dt, int(usage.ru_maxrss) * 1024
+    proc = subprocess.run([sys.executable, "-c", _LAUNCHER, *cmd], capture_output=True, text=True, env=env,
+                          check=False)
+    try:
+        seconds, rss, code = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        seconds, rss, code = 0.0, 0, proc.returncode or 1
+    if code:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({code}): {proc.stderr.strip()[-500:]}")
+    return float(seconds), int(rss)
 
 
 def matmul_peak(dtype_name: str = "float32", n: int = 2048, repeats: int = 5) -> float:
