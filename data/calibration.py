@@ -1,8 +1,8 @@
 """Calibrated pore probabilities: a monotone map fitted on validation scans (isotonic regression).
 
 A network trained with soft Dice (and clDice) beside cross-entropy does not give probabilities
-that mean what they say: on 40 unseen simulated scans the shipped PoreFormer's voxels at raw p ≈ 0.75
-were pore 64% of the time. Dice rewards the minority class for leaning towards 1 wherever it is
+that mean what they say: where such a network is unsure, its raw probabilities lean towards 0 or 1
+more than the observed pore fractions do. Dice rewards the minority class for leaning towards 1 wherever it is
 unsure. A probability map that users read as confidence, and the MSE that scores it, need the
 frequencies right. So each learned model ships with a calibration map fitted on its own
 validation scans (never the benchmark's):

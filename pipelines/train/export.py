@@ -35,9 +35,8 @@ MIN_SIZES = (0, 4, 8, 16, 32)
 
 #: Simulated scans from the validation seed range (:func:`ctpore.data.splits.val_seed`,
 #: the first ``data.n_val`` of them the run's validation set) on which the post-processing is
-#: chosen and the calibration fitted at export. Twelve were too few: the reliability of the first
-#: twelve differed from that of the next 36 by up to 0.13 at the same raw probability, and a map
-#: fitted on them raised the MSE on further unseen scans.
+#: chosen and the calibration fitted at export. Twelve were too few for a stable map (the
+#: reliability of a dozen scans varies much from one dozen to the next).
 POSTPROCESSING_SCANS = 48
 
 
