@@ -32,6 +32,16 @@ NIfTI ``xyzt_units`` ``mm``, ``micron`` and ``meter`` are converted to mm. Unkno
 common in files from tools that do not set them) are *treated as mm* and reported as
 ``units="unknown"`` so that the user can check the spacing (``ctpore info`` shows it).
 
+Sizes policy
+------------
+Before any voxel is read or allocated, the sizes a header (NIfTI) or the tags (TIFF) describe are
+checked against the file: uncompressed data must end inside the file, and deflate data
+(``.nii.gz``, Deflate TIFF) cannot expand more than 1032:1. A header that lies is refused with one
+line (``is truncated or its header is wrong: ...``) instead of allocating what it claims. What a
+reader must hold at once (one slice; a whole ``.nii.gz`` read along i or j; a TIFF image that is
+one 3D page) must fit in the memory available, and a ``MemoryError`` while opening or reading
+becomes an :class:`InputError` that says the scan does not fit in memory and what to do.
+
 Values policy
 -------------
 ctpore never guesses voxel values. :meth:`Scan.read_slices` (and everything built on it:

@@ -1,7 +1,14 @@
-"""File kinds, suffixes and output stems; the checks every reader shares."""
+"""File kinds, suffixes and output stems; the checks every reader shares.
+
+Sizes a header claims are checked before anything is allocated or read: the data a header
+describes must fit in the file (:func:`truncated_error`), a compressed stream cannot expand more
+than :data:`DEFLATE_MAX_RATIO` times, and what a reader must hold at once must fit in memory
+(:func:`check_fits_memory`; :func:`out_of_memory` for a ``MemoryError`` that still happens).
+"""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -20,11 +27,25 @@ __all__ = [
     "natural_key",
     "check_grayscale_dtype",
     "check_3d",
+    "DEFLATE_MAX_RATIO",
+    "size_text",
+    "shape_text",
+    "deflate_limit",
+    "truncated_error",
+    "available_memory",
+    "check_fits_memory",
+    "out_of_memory",
 ]
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 TIFF_SUFFIXES = (".tiff", ".tif")
 SUPPORTED_HELP = "ctpore reads NIfTI (.nii, .nii.gz) and TIFF (.tif, .tiff, or a folder of TIFF slices)"
+
+# A deflate stream (gzip, zlib, TIFF Deflate) expands at most about 1032:1: a length code of 258
+# bytes with a distance code takes at least 2 bits. Measured on zeros: 1028.6:1.
+DEFLATE_MAX_RATIO = 1032
+# Bytes a compressed stream may expand to beyond that ratio (headers, the first literal, rounding).
+_DEFLATE_SLACK = 2**16
 
 
 def reason(exc: BaseException) -> str:
@@ -91,3 +112,116 @@ def check_3d(spatial: tuple[int, ...], path: Path, shown: tuple[int, ...]) -> No
             path,
         )
 
+
+
+def size_text(nbytes: int) -> str:
+    """``"452 bytes"`` below 1 kB, else decimal units: ``"16.0 GB"``, ``"4.0 PB"``."""
+    if nbytes < 1000:
+        return f"{nbytes} bytes"
+    value = float(nbytes)
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        value /= 1000.0
+        if value < 999.95 or unit == "PB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def shape_text(shape: tuple[int, ...], dtype: np.dtype) -> str:
+    """``"2000 x 2000 x 1000 float32"``."""
+    return " x ".join(str(int(n)) for n in shape) + f" {np.dtype(dtype).name}"
+
+
+def deflate_limit(compressed_bytes: int, streams: int = 1) -> int:
+    """The most bytes ``compressed_bytes`` of deflate data (gzip, zlib) in ``streams`` separate
+    streams (e.g. the strips of a TIFF page) can expand to."""
+    return DEFLATE_MAX_RATIO * int(compressed_bytes) + _DEFLATE_SLACK + 1024 * max(0, int(streams) - 1)
+
+
+def truncated_error(path: Path, what: str, shape: tuple[int, ...], dtype: np.dtype, nbytes: int,
+                    holds: str) -> InputError:
+    """The error for a header that describes more data than the file can hold.
+
+    Parameters
+    ----------
+    path : Path
+        The file.
+    what : str
+        Whose description it is: ``"the header"``, ``"page 3"``.
+    shape, dtype, nbytes
+        What it describes: the data's shape, type and size in bytes.
+    holds : str
+        What the file really holds, e.g. ``"the file holds 452 bytes"``.
+    """
+    return InputError(
+        f"is truncated or its header is wrong: {what} describes {shape_text(shape, dtype)} "
+        f"({size_text(nbytes)} of voxel data) but {holds}; re-export the scan",
+        path,
+    )
+
+
+def _cgroup_limit() -> int | None:
+    """The memory limit of this process's cgroup (v2, else v1) in bytes; None if there is none."""
+    candidates = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    rel = line.strip()[3:].lstrip("/")
+                    candidates.append(os.path.join("/sys/fs/cgroup", rel, "memory.max"))
+    except OSError:
+        pass
+    candidates += ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+    for name in candidates:
+        try:
+            with open(name) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max", or v1's near-2**63 "no limit"
+            return int(text)
+    return None
+
+
+def available_memory() -> int:
+    """Bytes this process can still allocate, as an upper estimate (to refuse only the impossible).
+
+    RAM available plus free swap (psutil when installed, else the machine's physical memory from
+    ``os.sysconf``), capped by the cgroup's memory limit (containers, batch jobs).
+    """
+    try:
+        import psutil
+
+        avail = int(psutil.virtual_memory().available) + int(psutil.swap_memory().free)
+    except Exception:  # psutil missing, or no /proc
+        try:
+            avail = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, ValueError, OSError):
+            avail = 2**63
+    limit = _cgroup_limit()
+    return avail if limit is None else min(avail, limit)
+
+
+def check_fits_memory(path: Path, need: int, what: str, advice: str) -> None:
+    """Raise :class:`InputError` when ``need`` bytes exceed :func:`available_memory`.
+
+    The message reads ``"<what> needs <need> of memory but about <free> is available; <advice>"``.
+    """
+    if need <= 0:
+        return
+    avail = available_memory()
+    if need > avail:
+        raise InputError(
+            f"{what} needs {size_text(need)} of memory but about {size_text(avail)} is available; {advice}",
+            path,
+        )
+
+
+def out_of_memory(path: Path, doing: str, advice: str | None = None) -> InputError:
+    """The error for a ``MemoryError`` raised while ``doing`` (e.g. ``"opening it"``)."""
+    advice = advice or ("free memory (close other programs) or use a machine with more, and check that "
+                        "the scan's shape is the one you expect")
+    return InputError(
+        f"does not fit in memory: {doing} ran out of memory (about {size_text(available_memory())} "
+        f"is available); {advice}",
+        path,
+    )

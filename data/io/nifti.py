@@ -1,8 +1,10 @@
 """NIfTI (``.nii``, ``.nii.gz``): the lazy slice reader and the image written back.
 
 Uncompressed files are memory-mapped; a ``.nii.gz`` is kept open so that reading forward along k
-is one pass over the stream. Outputs carry the input's header (affine, qform/sform and their
-codes, pixdim, units) and go back in its voxel order.
+is one pass over the stream. The sizes the header describes are checked against the file (and, for
+a ``.nii.gz`` that must be held whole, against memory) before any voxel is read or allocated.
+Outputs carry the input's header (affine, qform/sform and their codes, pixdim, units) and go back
+in its voxel order.
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ import nibabel as nib
 import numpy as np
 from nibabel.volumeutils import apply_read_scaling
 
-from ctpore.data.io.formats import check_3d, check_grayscale_dtype, reason
+from ctpore.data.io.formats import (
+    DEFLATE_MAX_RATIO,
+    available_memory,
+    check_3d,
+    check_grayscale_dtype,
+    deflate_limit,
+    reason,
+    shape_text,
+    size_text,
+    truncated_error,
+)
 from ctpore.data.io.geometry import Geometry, f32_decimal, to_mm, zyx_permutation
 from ctpore.errors import InputError
 
@@ -28,6 +40,17 @@ _NIFTI_UNIT_MM = {"mm": 1.0, "micron": 1e-3, "meter": 1e3, "unknown": 1.0}
 
 
 class NiftiReader:
+    """One ``.nii``/``.nii.gz`` file read lazily as ``(n, Y, X)`` slabs (see :mod:`ctpore.data.io`).
+
+    Raises
+    ------
+    InputError
+        Not a NIfTI file, unsupported voxel type, not one 3D volume, or a header that describes more
+        data than the file holds (checked before anything is read); a ``.nii.gz`` read along file
+        axis 0 or 1 whose data does not fit in memory. ``MemoryError`` is left to the caller
+        (:func:`ctpore.data.io.scan.open_reader` turns it into an :class:`InputError`).
+    """
+
     def __init__(self, path: Path, slice_axis: int | None):
         self.path = path
         gz = path.name.lower().endswith(".gz")
@@ -46,6 +69,8 @@ class NiftiReader:
         dtype = np.dtype(img.get_data_dtype())
         check_grayscale_dtype(dtype, path)
         file_shape = tuple(int(n) for n in img.shape)
+        s = 2 if slice_axis is None else slice_axis
+        _check_sizes(path, gz, file_shape, dtype, int(img.dataobj.offset), s)
         if len(file_shape) > 3 and any(n != 1 for n in file_shape[3:]):
             raise InputError(
                 f"holds several volumes (shape {file_shape}); ctpore needs one 3D volume: "
@@ -53,7 +78,6 @@ class NiftiReader:
                 path,
             )
         check_3d(file_shape[:3], path, file_shape)
-        s = 2 if slice_axis is None else slice_axis
         self.perm = zyx_permutation(s)
         self.ndim = len(file_shape)
         self.file_shape = file_shape
@@ -163,7 +187,13 @@ class NiftiReader:
         elif self.gz and s != 2:
             # Slices along i or j touch the whole compressed stream: decompress it once.
             if self.cache is None:
-                self.cache = np.asarray(self.proxy.get_unscaled())
+                nbytes = math.prod(self.file_shape) * self.disk_dtype.itemsize
+                _check_cache_memory(self.path, self.file_shape, self.dtype, nbytes, s)
+                try:
+                    self.cache = np.asarray(self.proxy.get_unscaled())
+                except MemoryError:
+                    raise InputError(_cache_message(self.file_shape, self.dtype, nbytes, s, "but memory ran out"),
+                                     self.path) from None
             raw = apply_read_scaling(self.cache[key], self.slope, self.inter)
         else:
             raw = np.asarray(self.proxy[key])  # nibabel applies scl_slope/scl_inter here
@@ -178,6 +208,55 @@ class NiftiReader:
         self.cache = None
         self.proxy = None
         self.img = None
+
+
+def _check_sizes(path: Path, gz: bool, file_shape: tuple[int, ...], dtype: np.dtype, offset: int,
+                 slice_axis: int) -> None:
+    """Refuse a header whose sizes the file cannot back, before any voxel is read or allocated.
+
+    An uncompressed file must hold ``offset + prod(shape) * itemsize`` bytes. A ``.nii.gz`` cannot
+    expand more than about 1032:1 (deflate's limit), so a header describing more than that is
+    refused without decompressing. A ``.nii.gz`` read along file axis 0 or 1 is held whole in
+    memory, so its data must fit in memory.
+
+    Raises
+    ------
+    InputError
+        Naming the file, the shape and size the header describes and what the file holds.
+    """
+    nbytes = math.prod(file_shape) * dtype.itemsize  # Python ints: no overflow for NIfTI-2 sizes
+    end = offset + nbytes
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InputError(f"cannot read the file ({reason(exc)})", path) from exc
+    if not gz and end > size:
+        raise truncated_error(path, "the header", file_shape, dtype, nbytes, f"the file holds {size_text(size)}")
+    if gz and end > deflate_limit(size):
+        raise truncated_error(
+            path, "the header", file_shape, dtype, nbytes,
+            f"the compressed file holds {size_text(size)}, which can expand to at most "
+            f"{size_text(deflate_limit(size))} (gzip compresses at most {DEFLATE_MAX_RATIO}:1)",
+        )
+    if gz and slice_axis != 2:
+        _check_cache_memory(path, file_shape, dtype, nbytes, slice_axis)
+
+
+def _cache_message(file_shape: tuple[int, ...], dtype: np.dtype, nbytes: int, slice_axis: int, problem: str) -> str:
+    return (
+        f"is compressed, and reading it with slice axis {slice_axis} holds its whole voxel data "
+        f"({shape_text(file_shape, dtype)}, {size_text(nbytes)}) in memory, {problem}; decompress "
+        "it to .nii (e.g. gunzip -k), which is read slice by slice, or use the default slice axis 2"
+    )
+
+
+def _check_cache_memory(path: Path, file_shape: tuple[int, ...], dtype: np.dtype, nbytes: int,
+                        slice_axis: int) -> None:
+    """Refuse to decompress a whole ``.nii.gz`` (slice axis 0 or 1) that memory cannot hold."""
+    avail = available_memory()
+    if nbytes > avail:
+        problem = f"but only about {size_text(avail)} is available"
+        raise InputError(_cache_message(file_shape, dtype, nbytes, slice_axis, problem), path)
 
 
 def nifti_image(data_zyx: np.ndarray, geometry: Geometry) -> nib.Nifti1Image:

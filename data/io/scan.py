@@ -10,7 +10,7 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
-from ctpore.data.io.formats import SUPPORTED_HELP, file_kind, reason
+from ctpore.data.io.formats import SUPPORTED_HELP, check_fits_memory, file_kind, out_of_memory, reason, size_text
 from ctpore.data.io.geometry import Geometry, check_slice_axis
 from ctpore.data.io.nifti import NiftiReader
 from ctpore.data.io.tiff import TiffFolderReader, TiffStackReader
@@ -29,7 +29,30 @@ def _chunk_slices(shape_zyx: tuple[int, int, int]) -> int:
 
 
 def open_reader(path: Path, slice_axis: int | None):
-    """Check the path and open the right reader."""
+    """Check the path and open the right reader.
+
+    The readers check the sizes a header describes against the file before reading; here one
+    slice must also fit in memory, and a ``MemoryError`` while opening becomes an
+    :class:`InputError` that says so (the readers let it through so that it is not reported as a
+    corrupt file).
+    """
+    try:
+        reader = _open_reader(path, slice_axis)
+    except MemoryError:
+        raise out_of_memory(path, "opening it") from None
+    _, y, x = reader.geometry.shape
+    itemsize = np.dtype(reader.dtype).itemsize
+    try:
+        # A slice is read raw, made float32 and joined to its chunk: about itemsize + 8 bytes a voxel.
+        check_fits_memory(path, y * x * (itemsize + 8), f"reading one {y} x {x} slice",
+                          "use a machine with more memory, or check that the file's header is right")
+    except InputError:
+        reader.close()
+        raise
+    return reader
+
+
+def _open_reader(path: Path, slice_axis: int | None):
     if not path.exists():
         raise InputError("file not found", path)
     kind = file_kind(path)
@@ -48,6 +71,18 @@ def open_reader(path: Path, slice_axis: int | None):
     if kind == "nifti":
         return NiftiReader(path, slice_axis)
     return TiffStackReader(path)
+
+
+def _allocate(path: Path, shape: tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
+    """``np.empty(shape, dtype)``, or an :class:`InputError` when memory cannot hold it."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    advice = ("use a machine with more memory, or check that the scan's shape is the one you expect "
+              "(from Python, read it in chunks of slices with Scan.read_slices)")
+    check_fits_memory(path, nbytes, what, advice)
+    try:
+        return np.empty(shape, dtype)
+    except MemoryError:
+        raise out_of_memory(path, f"{what} ({size_text(nbytes)})", advice) from None
 
 
 class Scan:
@@ -169,8 +204,10 @@ class Scan:
                     lo = min(stop, b)
             try:
                 fresh = reader.read(lo, stop) if lo < stop else None
-            except (InputError, MemoryError):
+            except InputError:
                 raise
+            except MemoryError:
+                raise out_of_memory(self.path, f"reading slices {lo}..{stop - 1}") from None
             except Exception as exc:
                 raise InputError(
                     f"cannot read slices {lo}..{stop - 1}: the file may be truncated or corrupt "
@@ -178,10 +215,13 @@ class Scan:
                     self.path,
                 ) from exc
             parts = [p for p in (cached, fresh) if p is not None]
-            with np.errstate(over="ignore", invalid="ignore"):
-                out = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
-            if getattr(reader, "gz", False):
-                self._last = (start, stop, out.copy())
+            try:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    out = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
+                if getattr(reader, "gz", False):
+                    self._last = (start, stop, out.copy())
+            except MemoryError:
+                raise out_of_memory(self.path, f"reading slices {start}..{stop - 1}") from None
             return out  # (n, Y, X)
 
     def read_slices(self, start: int, stop: int) -> np.ndarray:
@@ -222,8 +262,10 @@ class Scan:
         with self._lock:
             try:
                 raw = reader.read(start, stop, slice(y0, y1), slice(x0, x1))
-            except (InputError, MemoryError):
+            except InputError:
                 raise
+            except MemoryError:
+                raise out_of_memory(self.path, f"reading slices {start}..{stop - 1}") from None
             except Exception as exc:
                 raise InputError(f"cannot read slices {start}..{stop - 1}: the file may be truncated or corrupt "
                                  f"({reason(exc)})", self.path) from exc
@@ -243,7 +285,7 @@ class Scan:
             ``progress(done_slices, total_slices, "read")`` after each chunk.
         """
         nz = self.shape[0]
-        out = np.empty(self.shape, np.float32)  # (Z, Y, X)
+        out = _allocate(self.path, self.shape, np.float32, "reading the whole scan as float32")  # (Z, Y, X)
         step = _chunk_slices(self.shape)
         for z0 in range(0, nz, step):
             z1 = min(nz, z0 + step)
@@ -351,7 +393,11 @@ def load_scan(path: str | Path, slice_axis: int | None = None) -> Scan:
     InputError
         One line naming the file: missing, empty, truncated or corrupt, not NIfTI/TIFF,
         unsupported type, 2D, several volumes, colour, slices of different shapes, bad slice axis.
-        A truncated ``.nii.gz`` is caught here (see ``NiftiReader._check_gzip_complete``).
+        A truncated ``.nii.gz`` is caught here (see ``NiftiReader._check_gzip_complete``). A header
+        that describes more data than the file can hold (past its end, or beyond the 1032:1 that
+        deflate can expand) is refused before anything is allocated, and so is a scan whose slice
+        (or whatever must be held whole) does not fit in memory; a ``MemoryError`` while opening
+        or reading becomes an :class:`InputError` that says the scan does not fit in memory.
     """
     return Scan(path, slice_axis)
 
@@ -393,7 +439,7 @@ def read_label(
                 "the label must cover the same voxels as the scan",
                 path,
             )
-        out = np.empty(scan.shape, np.uint8)  # (Z, Y, X)
+        out = _allocate(path, scan.shape, np.uint8, "reading the whole label")  # (Z, Y, X)
         others: set[float] = set()
         step = _chunk_slices(scan.shape)
         for z0 in range(0, scan.shape[0], step):

@@ -1,17 +1,33 @@
 """TIFF: a multi-page file or a folder of single-slice files (natural order), and the ImageJ writer.
 
 Pages are slices, so a TIFF stack is already ``(Z, Y, X)``. Spacing comes from ImageJ metadata.
+Before any pixel is read, the sizes the tags describe are checked against the file (and an image
+that must be read whole, against memory): a file whose tags lie is refused with one line.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tifffile
 
-from ctpore.data.io.formats import SUPPORTED_HELP, TIFF_SUFFIXES, check_3d, check_grayscale_dtype, natural_key, reason
+from ctpore.data.io.formats import (
+    DEFLATE_MAX_RATIO,
+    SUPPORTED_HELP,
+    TIFF_SUFFIXES,
+    check_3d,
+    check_fits_memory,
+    check_grayscale_dtype,
+    deflate_limit,
+    natural_key,
+    reason,
+    shape_text,
+    size_text,
+    truncated_error,
+)
 from ctpore.data.io.geometry import Geometry, to_mm
 from ctpore.errors import InputError
 
@@ -83,6 +99,54 @@ def _series_yx(series: Any, path: Path, what: str) -> tuple[int, tuple[int, int]
     return (lead[0] if lead else 1), (shape[-2], shape[-1])
 
 
+def _stored_bytes(page: Any) -> int:
+    """The fewest bytes one page's pixels take uncompressed (bits packed, no row padding)."""
+    bits = int(page.imagewidth) * int(page.samplesperpixel) * int(page.bitspersample)
+    return int(page.imagedepth) * int(page.imagelength) * (bits // 8)
+
+
+def _check_series_fits(series: Any, path: Path, what: str = "the image") -> None:
+    """Refuse a series whose tags describe more data than the file can hold, before reading it.
+
+    Every strip or tile must end inside the file; uncompressed pixels must fit in the file; a
+    Deflate-compressed page cannot expand more than about 1032:1. (Other compressions are bounded
+    by the memory checks of the readers and :func:`ctpore.data.io.scan.open_reader`.)
+
+    Raises
+    ------
+    InputError
+        Naming the file, what the tags describe and what the file holds.
+    """
+    size = path.stat().st_size
+    key = series.keyframe
+    dtype = np.dtype(series.dtype)
+    compression = int(key.compression)
+    shape = tuple(int(n) for n in series.shape)
+    images = math.prod(shape) // max(1, math.prod(int(n) for n in key.shape))  # pages' worth of pixels
+    per_page = _stored_bytes(key)
+    sparse = 0 in tuple(key.databytecounts)  # empty tiles, filled with zeros by tifffile
+    if compression == 1 and not sparse and images * per_page > size:
+        raise truncated_error(path, what, shape, dtype, images * per_page, f"the file holds {size_text(size)}")
+    for index, page in enumerate(series.pages):
+        if page is None:
+            continue
+        offsets, counts = tuple(page.dataoffsets), tuple(page.databytecounts)
+        end = max((int(o) + int(c) for o, c in zip(offsets, counts) if c), default=0)
+        if end > size:
+            raise InputError(
+                f"is truncated or its header is wrong: page {index} of {what} ({shape_text(key.shape, dtype)}) "
+                f"says its data runs to byte {end} but the file holds {size_text(size)}; re-export the scan",
+                path,
+            )
+        total = sum(int(c) for c in counts)
+        if compression in (8, 32946) and counts and 0 not in counts and per_page > deflate_limit(total, len(counts)):
+            raise truncated_error(
+                path, f"page {index} of {what}", tuple(int(n) for n in key.shape), dtype, per_page,
+                f"its {size_text(total)} of Deflate data can expand to at most "
+                f"{size_text(deflate_limit(total, len(counts)))} (Deflate compresses at most {DEFLATE_MAX_RATIO}:1)",
+            )
+
+
 class TiffStackReader:
     """One TIFF file: pages as slices, or a single 3D page / contiguous ImageJ stack."""
 
@@ -111,10 +175,17 @@ class TiffStackReader:
             self.dtype = np.dtype(series.dtype)
             check_grayscale_dtype(self.dtype, path)
             self.shape = (n, y, x)
+            _check_series_fits(series, path)
             pages = series.pages
             self.paged = len(pages) == n and tuple(series.keyframe.shape) == (y, x)
             self.whole: np.ndarray | None = None
             if not self.paged:
+                # One 3D page or one contiguous block: read whole, so it must fit in memory.
+                check_fits_memory(
+                    path, int(series.nbytes), f"its image ({shape_text(series.shape, self.dtype)}), read whole,",
+                    "save the stack as one page per slice (e.g. ImageJ 'Save As > Image Sequence' or "
+                    "tifffile), use a machine with more memory, or check that the file's header is right",
+                )
                 self.whole = np.asarray(series.asarray()).reshape(self.shape)
             spacing, unit = _imagej_spacing(self.tif, self.tif.pages[0])
             file_shape = tuple(int(v) for v in series.shape)
@@ -182,6 +253,7 @@ class TiffFolderReader:
                 with tifffile.TiffFile(str(f)) as tif:
                     series = tif.series[0]
                     n, yx = _series_yx(series, path, f"slice file {f.name}")
+                    _check_series_fits(series, f, "the slice")
                     if n != 1 or len(tif.series) > 1:
                         raise InputError(
                             f"slice file {f.name} holds several images (shape {tuple(series.shape)}); "
