@@ -2,9 +2,12 @@
 
 A scan's grey values (uint8, uint16, float; any offset and gain) are mapped so that its robust
 range goes to [0, 1]: ``x' = (x - lo) / (hi - lo)`` with ``lo``/``hi`` the 0.5th and 99.5th
-percentiles of a subsample of the voxels. Values outside the range are kept (not clipped), so
-nothing is lost. The same function is used on simulated training scans, so the model sees what it
-was trained on.
+percentiles of a subsample of the voxels. Values a little outside the range are kept; values far
+outside it (more than one whole range below ``lo`` or above ``hi``: a metal inclusion, a block of
+1e30 from a failed reconstruction) are clipped to ``[-1, 2]``, so that no grey value can overflow the
+model or pull a histogram threshold away from the grey values that hold the structure
+(:func:`count_clipped` says how many were). The same function is used on simulated training scans,
+so the model sees what it was trained on.
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ from ctpore.progress import ProgressFn
 #: Percentiles that define the robust intensity range.
 LOW_PERCENTILE = 0.5
 HIGH_PERCENTILE = 99.5
+
+#: Grey values farther than this many times the width of the middle 80% of the grey values beyond
+#: it (a block of 1e30, a fill value of -3.4e38) are left out when the robust range is found: so
+#: many of them (more than 0.5% of the scan) would otherwise become the range itself. No scan of
+#: a real material comes near: its phases lie within a few widths of each other.
+FAR_OUTLIER = 1000.0
+
+#: Normalized grey values are clipped to this interval: one whole robust range beyond each end.
+CLIP_LOW, CLIP_HIGH = -1.0, 2.0
 
 
 def _subsample(n_total: int, n_max: int) -> np.ndarray:
@@ -72,8 +84,16 @@ def robust_range(
     max_pixels_per_slice: int = 65536,
     progress: ProgressFn = None,
 ) -> tuple[float, float]:
-    """The 0.5th and 99.5th percentiles of a subsample of the volume (equal for a constant one);
-    parameters as :func:`intensity_range`."""
+    """The 0.5th and 99.5th percentiles of a subsample of the volume (equal for a constant one),
+    far outliers left out (:data:`FAR_OUTLIER`); parameters as :func:`intensity_range`.
+
+    Examples
+    --------
+    >>> v = np.tile(np.arange(100, dtype=np.float32), (10, 10, 1)); v[:, :, :3] = 1e30  # 3% garbage
+    >>> lo, hi = robust_range(v)
+    >>> bool(3 <= lo < 4), bool(98 < hi <= 99)
+    (True, True)
+    """
     z_total, y, x = (int(s) for s in volume.shape)
     zs = _subsample(z_total, max_slices)
     step = max(1, int(np.ceil(np.sqrt(y * x / max_pixels_per_slice))))
@@ -84,15 +104,80 @@ def robust_range(
         if progress is not None:
             progress(i + 1, len(zs), "intensity range")
     values = np.concatenate(samples)
+    p10, p90 = np.percentile(values, [10.0, 90.0])
+    width = float(p90) - float(p10)
+    if width > 0:  # leave out far outliers, which would otherwise stretch the range (see FAR_OUTLIER)
+        near = (values >= p10 - FAR_OUTLIER * width) & (values <= p90 + FAR_OUTLIER * width)
+        if not near.all():
+            values = values[near]
     lo, hi = np.percentile(values, [LOW_PERCENTILE, HIGH_PERCENTILE])
     return float(lo), float(hi)
 
 
 def normalize(array: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Map ``[lo, hi]`` to ``[0, 1]`` (float32, not clipped)."""
-    out = np.asarray(array, dtype=np.float32) - np.float32(lo)
-    out *= np.float32(1.0 / (hi - lo))
+    """Map ``[lo, hi]`` to ``[0, 1]`` (float32), values clipped to ``[CLIP_LOW, CLIP_HIGH]``.
+
+    Computed in float64 where float32 would overflow (``1e30 - lo``), so any finite input gives a
+    finite output.
+
+    Examples
+    --------
+    >>> normalize(np.array([0.0, 5.0, 10.0, 1e30, -1e30], np.float32), 0.0, 10.0).tolist()
+    [0.0, 0.5, 1.0, 2.0, -1.0]
+    """
+    a = np.asarray(array)
+    scale = 1.0 / (hi - lo)
+    if a.dtype.kind == "f" and a.size and float(np.max(np.abs(a))) * max(1.0, scale) > 1e37:
+        out = ((a.astype(np.float64) - lo) * scale).astype(np.float32)
+    else:
+        out = a.astype(np.float32) - np.float32(lo)
+        out *= np.float32(scale)
+    np.clip(out, CLIP_LOW, CLIP_HIGH, out=out)
     return out
+
+
+def clip_bounds(lo: float, hi: float) -> tuple[float, float]:
+    """The raw grey values that :func:`normalize` maps to ``CLIP_LOW`` and ``CLIP_HIGH``."""
+    return lo + CLIP_LOW * (hi - lo), lo + CLIP_HIGH * (hi - lo)
+
+
+def count_clipped(volume, lo: float, hi: float, chunk_bytes: int = 32 << 20, progress: ProgressFn = None) -> int:
+    """How many voxels of ``volume`` :func:`normalize` clips (one pass over the slices, about
+    ``chunk_bytes`` of float32 at a time).
+
+    Examples
+    --------
+    >>> v = np.zeros((4, 4, 4), np.float32); v[0, 0, :2] = 1e30; v[1, 1, 1] = -50.0
+    >>> count_clipped(v, 0.0, 10.0)
+    3
+    """
+    a, b = clip_bounds(lo, hi)
+    n = 0
+    nz, ny, nx = (int(d) for d in volume.shape)
+    chunk_slices = max(1, chunk_bytes // (4 * ny * nx))
+    for z0 in range(0, nz, chunk_slices):
+        block = np.asarray(volume[z0 : min(nz, z0 + chunk_slices)])
+        n += int(np.count_nonzero((block < a) | (block > b)))
+        if progress is not None:
+            progress(min(nz, z0 + chunk_slices), nz, "checking grey values")
+    return n
+
+
+def check_clipped(volume, lo: float, hi: float, progress: ProgressFn = None) -> int:
+    """:func:`count_clipped`, with a :class:`CtporeWarning` when any voxel is clipped."""
+    n = count_clipped(volume, lo, hi, progress=progress)
+    if n:
+        warn_clipped(n, int(np.prod(volume.shape)), lo, hi)
+    return n
+
+
+def warn_clipped(n: int, total: int, lo: float, hi: float) -> None:
+    """Say that ``n`` of ``total`` voxels lay far outside the scan's robust grey range."""
+    a, b = clip_bounds(lo, hi)
+    warnings.warn(f"{n} voxel(s) ({100.0 * n / max(1, total):.3g}% of the scan) lie far outside its grey-value range "
+                  f"({lo:g} to {hi:g}): below {a:g} or above {b:g}; they were clipped to those values before "
+                  "segmentation. Check the scan for metal, reconstruction artefacts or a wrong data type",
+                  CtporeWarning, stacklevel=3)
 
 
 class NormalizedVolume:

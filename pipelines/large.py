@@ -255,9 +255,9 @@ def reconstruct_large(
     import time
 
     from ctpore import __version__
-    from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
+    from ctpore.data.normalize import NormalizedVolume, check_clipped, has_contrast, robust_range, warn_no_contrast
     from ctpore.models.weights import load_for_inference, sha256_file
-    from ctpore.pipelines.outputs import run_fields
+    from ctpore.pipelines.outputs import finish_metrics, run_fields
     from ctpore.pipelines.stream import predict, resolve_device
     from ctpore.runtime import current_rss
 
@@ -273,7 +273,9 @@ def reconstruct_large(
         lo, hi = robust_range(scan)
         with _windowed(scan, folder, shape, tile, model.halo, progress) as source, BlockSpill(folder, shape) as spill:
             model.reset_backends_ran()
+            clipped = 0
             if has_contrast(lo, hi):
+                clipped = check_clipped(source, lo, hi, progress)
                 predict(model, NormalizedVolume(source, lo, hi), chunk_slices=chunk_slices, tile=tile, device=dev,
                         progress=progress, out=spill, precision=precision)
             else:  # nothing to see: no pores, said in a warning
@@ -287,6 +289,8 @@ def reconstruct_large(
     info = {"model": {"name": meta.get("name", wpath.stem), "sha256": sha256_file(wpath)},
             "device": str(dev), "attention_backend": model.backends_ran()}
     metrics.update(run_fields(shape, geometry, "poreformer", info))
+    metrics["clipped_voxels"] = clipped
+    finish_metrics(metrics, geometry, str(scan_path))
     metrics["seconds"] = round(time.perf_counter() - t0, 3)
     metrics["ctpore_version"] = __version__
     return metrics

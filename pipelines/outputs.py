@@ -7,15 +7,18 @@ only when there is something to write, so a failed run leaves nothing behind.
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Union
 
 from ctpore.data.io import output_stem
-from ctpore.errors import InputError
+from ctpore.errors import CtporeWarning, InputError
 
-__all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "remove_stale_temps", "run_fields"]
+__all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "remove_stale_temps", "run_fields",
+           "finish_metrics"]
 
 
 def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike]) -> dict:
@@ -79,6 +82,45 @@ def run_fields(shape, geometry, method: str, info: dict) -> dict:
         "device": info["device"],
         "attention_backend": info["attention_backend"],
     }
+
+
+def finish_metrics(metrics: dict, geometry, source: str = "the scan") -> dict:
+    """Say in ``metrics`` (in place) what unit its figures are in, and warn where they need a word.
+
+    ``spacing_unit`` is the length unit the file's header gave (``mm``, ``micron``, ``meter``) or
+    ``unknown``. With unknown units a length per voxel is not known, so the figures are per voxel:
+    ``spacing_mm`` is None, the connectivity density goes to ``connectivity_density_per_voxel3``
+    (``connectivity_density_per_mm3`` is None) and a warning says so. A negative connectivity
+    density (more isolated pores and cavities than loops: the Euler number is positive) is
+    reported as computed, with a warning that says what it means.
+
+    Examples
+    --------
+    >>> from ctpore.data.io.geometry import geometry_from_array
+    >>> m = {"connectivity_density_per_mm3": 2.0, "spacing_mm": [0.5, 0.5, 0.5]}
+    >>> finish_metrics(m, geometry_from_array((2, 2, 2), (0.5, 0.5, 0.5)))["spacing_unit"]
+    'mm'
+    """
+    unit = getattr(geometry, "units", "mm") or "unknown"
+    metrics["spacing_unit"] = unit
+    cd = metrics.get("connectivity_density_per_mm3")
+    if unit == "unknown":
+        if cd is not None:  # per mm^3 with the header's numbers taken as mm -> per voxel^3
+            metrics["connectivity_density_per_voxel3"] = float(cd) * math.prod(geometry.spacing_mm)
+        metrics["connectivity_density_per_mm3"] = None
+        metrics["spacing_mm"] = None
+        warnings.warn(f"{source}: the file gives no length unit for its voxels, so the figures are per voxel "
+                      "(connectivity_density_per_voxel3; spacing_mm is null); set the units in the file "
+                      "(NIfTI xyzt_units, TIFF resolution unit) for figures per mm^3", CtporeWarning, stacklevel=2)
+    cd = metrics.get("connectivity_density_per_mm3")
+    if cd is None:
+        cd = metrics.get("connectivity_density_per_voxel3")
+    if cd is not None and cd < 0:
+        warnings.warn(f"{source}: the connectivity density is negative ({cd:.4g}): the pore space has more "
+                      f"isolated pores and enclosed cavities than loops (Euler number {metrics.get('euler_number')}, "
+                      f"{metrics.get('n_pores')} pores), so it measures no connectivity here; read the Euler "
+                      "number and n_pores instead", CtporeWarning, stacklevel=2)
+    return metrics
 
 
 @contextmanager

@@ -27,10 +27,11 @@ from ctpore.atomic import write_json_atomic
 from ctpore.data.calibration import apply_calibration
 from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan, read_label, save_volume
 from ctpore.data.metrics import comparison_metrics, volume_metrics
-from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
+from ctpore.data.normalize import NormalizedVolume, check_clipped, has_contrast, robust_range, warn_no_contrast
 from ctpore.errors import InputError
 from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
-from ctpore.pipelines.outputs import check_outputs, output_paths, output_set, remove_stale_temps, run_fields
+from ctpore.pipelines.outputs import (check_outputs, finish_metrics, output_paths, output_set, remove_stale_temps,
+                                      run_fields)
 from ctpore.progress import ProgressFn
 from ctpore.runtime import current_rss
 
@@ -140,7 +141,9 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress, m
         chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
     lo, hi = robust_range(volume)
     model.reset_backends_ran()
+    clipped = 0
     if has_contrast(lo, hi):
+        clipped = check_clipped(volume, lo, hi, progress)
         prob = predict(model, NormalizedVolume(volume, lo, hi), chunk_slices=chunk_slices, tile=tile, device=dev,
                        progress=progress, precision=precision)
     else:
@@ -155,8 +158,16 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress, m
         "calibration": post.calibration,
         "tile": int(tile),
         "chunk_slices": int(chunk_slices),
+        "clipped_voxels": clipped,
     }
     return prob, info
+
+
+def _otsu(volume, method: str, chunk: int, progress: ProgressFn):
+    """The pores of the ``otsu`` (Fiji's pipeline) or ``plain-otsu`` method."""
+    if method == "otsu":
+        return otsu_segment(volume, median_size=3, min_size=OTSU_MIN_SIZE, chunk_slices=chunk, progress=progress)[0]
+    return otsu_segment(volume, chunk_slices=chunk, progress=progress)[0]
 
 
 def reconstruct(
@@ -229,11 +240,13 @@ def reconstruct(
                 apply_calibration(prob, info["calibration"], out=prob)
         else:
             chunk = chunk_slices or 32
-            if concrete == "otsu":
-                pores, _ = otsu_segment(volume, median_size=3, min_size=OTSU_MIN_SIZE,
-                                        chunk_slices=chunk, progress=progress)
-            else:
-                pores, _ = otsu_segment(volume, chunk_slices=chunk, progress=progress)
+            lo, hi = robust_range(volume)
+            if not has_contrast(lo, hi):  # no structure to threshold: no pores, said in a warning
+                warn_no_contrast(lo)
+                pores = np.zeros(tuple(int(d) for d in volume.shape), np.uint8)
+            else:  # far-out grey values clipped first, so that they cannot move the threshold
+                info["clipped_voxels"] = check_clipped(volume, lo, hi, progress)
+                pores = _otsu(NormalizedVolume(volume, lo, hi), concrete, chunk, progress)
             prob = pores.astype(np.float32)
     finally:
         if opened is not None:
@@ -241,6 +254,9 @@ def reconstruct(
 
     metrics = volume_metrics(pores, geometry.spacing_mm)
     metrics.update(run_fields(pores.shape, geometry, concrete, info))
+    if "clipped_voxels" in info:
+        metrics["clipped_voxels"] = info["clipped_voxels"]
+    finish_metrics(metrics, geometry, str(scan) if isinstance(scan, (str, os.PathLike)) else "the scan")
     if truth is not None:
         if isinstance(truth, (str, os.PathLike)):
             truth = read_label(truth, slice_axis=slice_axis, like=geometry)

@@ -196,10 +196,12 @@ class ReconstructWidget(QWidget):
         for data, kwargs, kind in layers:
             getattr(self.viewer, f"add_{kind}")(data, **kwargs)
         self.metrics = metrics
-        cd = metrics["connectivity_density_per_mm3"]
-        _show_text(self.status, 
+        cd, per = metrics.get("connectivity_density_per_mm3"), "mm³"
+        if cd is None:  # the scan gave no length unit: per voxel
+            cd, per = metrics.get("connectivity_density_per_voxel3", float("nan")), "voxel³"
+        _show_text(self.status,
             f"porosity {metrics['porosity']:.4f}\nEuler number {metrics['euler_number']}\n"
-            f"connectivity density {cd:.4g} per mm³\npores {metrics['n_pores']}\n"
+            f"connectivity density {cd:.4g} per {per}\npores {metrics['n_pores']}\n"
             f"[{metrics['method']}, {metrics['seconds']:.1f} s, {metrics['attention_backend'] or '-'}]")
 
     def _finished(self):
