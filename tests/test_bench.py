@@ -171,3 +171,24 @@ def test_a_measured_process_is_not_charged_the_memory_of_its_parent():
     assert held.sum() > 0
     assert 200 * 2**20 <= small < 600 * 2**20
     assert abs(large - small) < 100 * 2**20
+
+
+def test_the_report_describes_the_data_it_was_given_not_fixed_text(tmp_path):
+    """The real scan and the label are described by their own shape, dtype and source note."""
+    import nibabel as nib
+
+    for name, title in (("rockA", "# rockA — a basalt from somewhere, 20^3"), ("rockB", None)):
+        folder = tmp_path / name
+        folder.mkdir()
+        grey = np.random.default_rng(0).integers(1000, 3000, (20, 22, 24)).astype(np.int16)
+        nib.save(nib.Nifti1Image(grey, np.eye(4)), str(folder / "scan.nii.gz"))
+        if title:
+            (folder / "SOURCE.md").write_text(title + "\n\nmore\n")
+        res = bench_quality(n_sim=1, size=16, methods=("otsu",), real_scan=folder / "scan.nii.gz")
+        write_report(res, tmp_path / f"out{name}", command="test")
+        md = (tmp_path / f"out{name}" / "benchmark.md").read_text()
+        assert "carbonate" not in md and "Digital Rocks" not in md
+        assert f"`{name}/scan.nii.gz` (24 × 22 × 20, int16)" in md, md
+        assert ("a basalt from somewhere" in md) == bool(title)
+        js = json.loads((tmp_path / f"out{name}" / "benchmark.json").read_text())
+        assert js["real"]["shape"] == [24, 22, 20] and js["real"]["dtype"] == "int16"

@@ -15,7 +15,7 @@ import tifffile
 
 from ctpore.app.cli import main
 from ctpore.data.metrics import comparison_metrics, volume_metrics
-from ctpore.pipelines.bench.quality import default_shared
+from ctpore.pipelines.bench.quality import default_leopard, default_shared
 from ctpore.pipelines.reconstruct import reconstruct
 
 SHARED = default_shared() or Path("missing")
@@ -314,7 +314,7 @@ def test_poreformer_method_equals_the_full_forward_pass(tmp_path):
     assert res.metrics["attention_backend"] in ("sdpa", "math", "flash")
 
 
-LEOPARD = SHARED / "leopard_porespy" / "label.nii.gz"
+LEOPARD = default_leopard() or Path("missing")
 
 
 @pytest.mark.skipif(not LEOPARD.exists(), reason="shared data not present")

@@ -18,9 +18,9 @@ from skimage.filters import threshold_otsu
 
 from ctpore.data import synthetic as S
 from ctpore.errors import InputError
-from ctpore.pipelines.bench.quality import default_shared
+from ctpore.pipelines.bench.quality import default_leopard
 
-LEOPARD = (default_shared() or Path("missing")) / "leopard_porespy" / "label.nii.gz"
+LEOPARD = default_leopard() or Path("missing")
 
 # a scanner with nothing but the partial-volume grey mapping (noise std ~1e-9 of the contrast)
 CLEAN = S.ScannerParams(dtype="uint16", pore_level=0.1, contrast=0.6, cnr=1e9, poisson_fraction=0.0,
@@ -386,3 +386,17 @@ def test_write_pairs_with_zoom_is_rebuilt_from_its_manifest(tmp_path):
     with pytest.raises(InputError, match="zoom_max"):
         S.write_pairs(tmp_path / "bad", 1, shape=(16, 16, 16), zoom_max=0.5)
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_leopard_label_comes_with_the_repository():
+    """A clone runs the real-geometry tests without the shared data: the label is in tests/data, and
+    it is the geometry its source note describes (porosity 0.2622, Euler number 18 and 17)."""
+    from skimage.measure import euler_number
+
+    here = Path(__file__).resolve().parent / "data" / "leopard_porespy" / "label.nii.gz"
+    assert LEOPARD == here
+    v = np.asarray(nib.load(str(LEOPARD)).dataobj)
+    assert v.shape == (100, 100, 100) and set(np.unique(v)) == {0, 1}
+    assert round(float(v.mean()), 4) == 0.2622
+    assert euler_number(v, connectivity=3) == 18 and euler_number(v, connectivity=1) == 17
+    assert nib.load(str(LEOPARD)).header.get_xyzt_units()[0] == "micron"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ctpore.data.splits import BENCH_SEED_BASE
 from ctpore.models.weights import weights_dir
-from ctpore.pipelines.bench.quality import LABELS, METHODS, Runner, bench_cases, bench_quality, default_shared
+from ctpore.pipelines.bench.quality import (LABELS, METHODS, Runner, bench_cases, bench_quality, default_leopard,
+                                            default_shared)
 from ctpore.pipelines.bench.report import overlay_png, write_report
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "bench_cases",
     "bench_quality",
     "default_shared",
+    "default_leopard",
     "overlay_png",
     "weights_dir",
     "write_report",

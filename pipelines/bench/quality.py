@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from ctpore.data.calibration import ReliabilityCounter, apply_calibration
-from ctpore.data.io import read_label, read_volume
+from ctpore.data.io import load_scan, read_label
 from ctpore.data.metrics import comparison_metrics, euler_number, porosity
 from ctpore.data.normalize import normalize_volume
-from ctpore.data.splits import BENCH_SEED_BASE
+from ctpore.data.splits import BENCH_SEED_BASE, check_bench_seeds
 from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
 from ctpore.errors import InputError
 from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
@@ -32,7 +32,7 @@ from ctpore.models.weights import load_model, load_unet, read_metadata, read_pos
 from ctpore.pipelines.reconstruct import reconstruct
 from ctpore.progress import ProgressFn
 
-__all__ = ["METHODS", "LABELS", "Runner", "bench_cases", "bench_quality", "default_shared"]
+__all__ = ["METHODS", "LABELS", "Runner", "bench_cases", "bench_quality", "default_shared", "default_leopard"]
 
 METHODS = ("otsu", "filtered_otsu", "unet2d", "unet3d", "poreformer")
 LABELS = {
@@ -52,6 +52,17 @@ def _short(path) -> str:
     """A data file named by its folder and name: reports carry no machine's absolute paths."""
     p = Path(path)
     return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+
+def _about(path) -> str:
+    """What a data file is, in its own folder's words: the title of a ``SOURCE.md`` beside it (after
+    its folder name), else nothing."""
+    note = Path(path).parent / "SOURCE.md"
+    try:
+        title = note.read_text(encoding="utf-8").splitlines()[0].lstrip("# ").strip()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+    return title.split(" — ", 1)[-1]
 
 
 def _training(path: Path) -> dict:
@@ -117,7 +128,12 @@ class Runner:
 def bench_cases(n_sim: int = 8, size: int = 64, leopard: Optional[Union[str, os.PathLike]] = None,
                 seed_base: int = BENCH_SEED_BASE, zoom_max: float = 1.0):
     """Yield ``(name, scan, truth)`` for the held-out benchmark cases (simulated from ``seed_base``;
-    with ``zoom_max`` > 1, half of them with features enlarged, as :func:`~ctpore.data.synthetic.draw_zoom`)."""
+    with ``zoom_max`` > 1, half of them with features enlarged, as :func:`~ctpore.data.synthetic.draw_zoom`).
+
+    ``seed_base`` is absolute: the cases are seeds ``seed_base .. seed_base + n_sim - 1``, which must
+    be held out (:func:`ctpore.data.splits.check_bench_seeds`, an InputError at the first case).
+    """
+    check_bench_seeds(seed_base, n_sim)
     for i in range(n_sim):
         zoom = draw_zoom(seed_base + i, zoom_max)
         scan, truth, info = make_pair(seed_base + i, shape=(size,) * 3, zoom=zoom)
@@ -141,6 +157,17 @@ def default_shared() -> Optional[Path]:
     return None
 
 
+def default_leopard() -> Optional[Path]:
+    """The real Leopard sandstone label: the repository's copy in ``tests/data`` (a clone has it),
+    else the one in the shared data (:func:`default_shared`); None when neither is there."""
+    repo = Path(__file__).resolve().parents[2]
+    cands = [repo / "tests" / "data" / "leopard_porespy" / "label.nii.gz"]
+    shared = default_shared()
+    if shared is not None:
+        cands.append(shared / "leopard_porespy" / "label.nii.gz")
+    return next((c for c in cands if c.is_file()), None)
+
+
 def bench_quality(
     n_sim: int = 8,
     size: int = 64,
@@ -157,13 +184,15 @@ def bench_quality(
 
     ``weights`` is a folder holding ``poreformer``/``unet2d``/``unet3d.safetensors`` (default:
     the shipped ones in ``models/weights``), so candidate weights are scored before they ship.
-    ``seed_base`` moves the simulated cases to another seed range (e.g. further unseen scans to
-    decide between candidates on, so that the held-out cases are never used for that); ``zoom_max``
+    ``seed_base`` (an absolute seed: the cases are ``seed_base + i``, ``i < n_sim``) moves the
+    simulated cases to another held-out seed range (e.g. the further unseen scans,
+    :data:`ctpore.data.splits.FURTHER`, to decide between candidates on, so that the benchmark's
+    cases are never used for that); a range any training config can reach is an InputError
+    (:func:`ctpore.data.splits.check_bench_seeds`). ``zoom_max``
     > 1 enlarges the features of half the simulated cases (coarser structures than the default
     benchmark's, as at a finer voxel size).
     """
-    if seed_base < 0:
-        raise InputError(f"the seed base must be >= 0, got {seed_base}")
+    check_bench_seeds(seed_base, n_sim)  # held-out seeds only, before any weights load or scan is simulated
     draw_zoom(0, zoom_max)  # a bad zoom_max is an InputError before any weights load
     runner = Runner(methods, device, None if weights is None else Path(weights))
     cases = list(bench_cases(n_sim, size, leopard, seed_base, zoom_max))
@@ -190,8 +219,10 @@ def bench_quality(
         summary[m]["calibration_ece"], summary[m]["calibration_max_gap"] = rel["ece"], rel["max_gap"]
     real = None
     if real_scan is not None:
-        vol, geom = read_volume(real_scan)
-        real = {"path": _short(real_scan), "methods": {}, "pores": {}}
+        with load_scan(real_scan) as scan:
+            vol, dtype = scan.read(), str(scan.dtype)
+        real = {"path": _short(real_scan), "about": _about(real_scan), "shape": list(vol.shape), "dtype": dtype,
+                "methods": {}, "pores": {}}
         for m in methods:
             prob, pores, secs = runner.run(m, vol)
             real["methods"][m] = {"porosity": porosity(pores), "euler_number": euler_number(pores),
@@ -202,5 +233,6 @@ def bench_quality(
                 progress(done, total, f"{m} on the real scan")
         real["volume"] = vol
     return {"rows": rows, "summary": summary, "real": real, "training": runner.training, "n_sim": n_sim, "size": size, "seed_base": seed_base,
-            "zoom_max": zoom_max, "leopard": _short(leopard) if leopard else None, "torch": torch.__version__,
+            "zoom_max": zoom_max, "leopard": _short(leopard) if leopard else None,
+        "leopard_about": _about(leopard) if leopard else None, "torch": torch.__version__,
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}

@@ -59,8 +59,9 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
            else f"from seed {result['seed_base']} on (not the held-out benchmark seeds)")
         + (f", half of them with features enlarged up to {result['zoom_max']:g}× (marked ×)"
            if result.get("zoom_max", 1.0) != 1.0 else "")
-        + (", and the real Leopard sandstone pore geometry (Digital Rocks Portal 317) scanned by ctpore's CT simulator."
-           if result["leopard"] else "."),
+        + (f", and a real pore geometry (`{result['leopard']}`"
+           + (f": {result['leopard_about']}" if result.get("leopard_about") else "")
+           + ") scanned by ctpore's CT simulator." if result["leopard"] else "."),
         "MSE is computed from each method's probability map (0/1 for the thresholding methods; for the learned",
         "models calibrated on validation-range scans, as `ctpore reconstruct` writes it); the relative Euler",
         "error is |χ − χ_true| / max(|χ_true|, 1) with 26-connected pores. Means over cases; lower is better",
@@ -105,7 +106,8 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
     if real:
         overlay_png(real["volume"], real["pores"], outdir / "real_scan.png")
         lines += ["", "## A real scan (no label)", "",
-                  f"`{Path(real['path']).name}`: real synchrotron micro-CT of a carbonate rock (100³, uint16).",
+                  f"`{real['path']}` ({' × '.join(str(n) for n in real['shape'])}, {real['dtype']})"
+                  + (f": {real['about']}." if real.get("about") else "."),
                   "", "| method | porosity | Euler number | seconds |", "|---|---:|---:|---:|"]
         for m, v in real["methods"].items():
             lines.append(f"| {LABELS[m]} | {v['porosity']:.4f} | {v['euler_number']} | {v['seconds']:.2f} |")
@@ -116,7 +118,7 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
         tmp.write_text("\n".join(lines) + "\n")
     js = {k: v for k, v in result.items() if k != "real"}
     if real:
-        js["real"] = {"path": real["path"], "methods": real["methods"]}
+        js["real"] = {k: real[k] for k in ("path", "about", "shape", "dtype", "methods") if k in real}
     with atomic_write(outdir / "benchmark.json") as tmp:
         tmp.write_text(json.dumps(js, indent=2, default=float) + "\n")
     return js

@@ -15,7 +15,7 @@ import torch
 
 from ctpore.data.io import read_label, read_volume
 from ctpore.data.normalize import normalize_volume
-from ctpore.data.splits import train_seed, val_seed
+from ctpore.data.splits import check_config_seeds, train_seed, val_seed
 from ctpore.data.synthetic import draw_zoom, make_pair
 from ctpore.errors import InputError
 from ctpore.pipelines.train.config import DataConfig, TrainConfig
@@ -34,6 +34,13 @@ class Pool:
 
 
 def simulated_pool(data: DataConfig, val: bool = False, progress: ProgressFn = None) -> Pool:
+    """The training (or, with ``val``, the validation) scans of ``data``, simulated and normalized.
+
+    Seeds :func:`~ctpore.data.splits.train_seed` / :func:`~ctpore.data.splits.val_seed` ``(data.seed,
+    i)``; ranges that overlap another split's are an InputError before any scan is simulated
+    (:func:`~ctpore.data.splits.check_config_seeds`, also for a DataConfig built without the loader).
+    """
+    check_config_seeds(data.seed, data.n_train, data.n_val)
     n = data.n_val if val else data.n_train
     base = val_seed(data.seed, 0) if val else train_seed(data.seed, 0)
     scans, truths, names = [], [], []

@@ -1,6 +1,7 @@
 """The training config: what a run trains, on which data, with which loss and budget.
 
-Read from YAML by :func:`load_train_config`; unknown keys are an error. The config is stored in
+Read from YAML by :func:`load_train_config`; unknown keys are an error, and so are seed ranges that
+reach another split's scans (:func:`ctpore.data.splits.check_config_seeds`). The config is stored in
 every checkpoint and exported weights file, and the hash of its data section
 (:func:`data_config_hash`) names the scans the weights were trained on.
 """
@@ -16,6 +17,7 @@ from typing import Union
 
 import yaml
 
+from ctpore.data.splits import check_config_seeds
 from ctpore.data.synthetic import check_zoom
 from ctpore.errors import InputError
 
@@ -34,9 +36,9 @@ __all__ = [
 @dataclass
 class DataConfig:
     source: str = "synthetic"        # "synthetic" or "labelled" (set by --images/--labels)
-    seed: int = 1                    # seeds of the simulated scans derive from it (data.splits)
-    n_train: int = 48                # simulated training volumes (generated once, then cropped)
-    n_val: int = 4                   # simulated validation volumes (full volumes are scored)
+    seed: int = 1                    # seeds of the simulated scans derive from it (data.splits): 0-999999, not 2
+    n_train: int = 48                # simulated training volumes (generated once, then cropped), <= 500000
+    n_val: int = 4                   # simulated validation volumes (full volumes are scored), <= 500000
     volume_size: int = 64            # edge of each simulated cubic volume
     crop: tuple = (32, 48, 48)       # training crop (Z, Y, X): the voxels the loss covers
     context: int = 0                 # extra in-plane pixels read around each crop as input only
@@ -87,7 +89,16 @@ def _from_dict(cls, d: dict):
 
 
 def load_train_config(path: Union[str, os.PathLike]) -> TrainConfig:
-    """Read a training config (YAML). Unknown keys are an error, not silently ignored."""
+    """Read a training config (YAML): :func:`config_from_dict` on its contents.
+
+    Unknown keys are an error, not silently ignored; so are seed ranges that overlap another
+    split's (:func:`ctpore.data.splits.check_config_seeds`).
+
+    Raises
+    ------
+    InputError
+        Naming ``path``: a missing file, bad YAML, an unknown key or a bad value.
+    """
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
@@ -99,6 +110,22 @@ def load_train_config(path: Union[str, os.PathLike]) -> TrainConfig:
 
 
 def config_from_dict(raw: dict, path=None) -> TrainConfig:
+    """A checked :class:`TrainConfig` from the dict of a YAML file or of a weights file's metadata.
+
+    Parameters
+    ----------
+    raw : dict
+        The config's keys; missing ones take the defaults, unknown ones are an error.
+    path : str or Path, optional
+        Where ``raw`` was read from, named in errors.
+
+    Raises
+    ------
+    InputError
+        An unknown key, a bad value, or a ``data.seed``/``n_train``/``n_val`` whose training or
+        validation scans would overlap another split's (another config's, or the held-out
+        evaluation scans: :func:`ctpore.data.splits.check_config_seeds`).
+    """
     try:
         raw = dict(raw)
         data = _from_dict(DataConfig, raw.pop("data", {}) or {})
@@ -114,6 +141,7 @@ def config_from_dict(raw: dict, path=None) -> TrainConfig:
         data.zoom_max = check_zoom(data.zoom_max, "data.zoom_max")
     except InputError as exc:
         raise InputError(exc.message, path=path) from None
+    check_config_seeds(data.seed, data.n_train, data.n_val, path)  # before any scan is simulated
     if cfg.model not in ("poreformer", "unet2d", "unet3d"):
         raise InputError(f"model must be poreformer, unet2d or unet3d, got {cfg.model!r}", path=path)
     return cfg

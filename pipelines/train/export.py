@@ -18,6 +18,7 @@ from torch import nn
 
 from ctpore.data.calibration import apply_calibration, fit_calibration
 from ctpore.data.metrics import comparison_metrics
+from ctpore.data.splits import POSTPROCESSING_SCANS
 from ctpore.errors import InputError
 from ctpore.models.classical import clean_specks
 from ctpore.models.weights import load_model, load_unet, read_metadata, save_weights
@@ -33,11 +34,8 @@ __all__ = ["MIN_SIZES", "POSTPROCESSING_SCANS", "postprocessing_pool", "select_p
 #: Speck sizes (voxels) tried when choosing the post-processing on validation scans.
 MIN_SIZES = (0, 4, 8, 16, 32)
 
-#: Simulated scans from the validation seed range (:func:`ctpore.data.splits.val_seed`,
-#: the first ``data.n_val`` of them the run's validation set) on which the post-processing is
-#: chosen and the calibration fitted at export. Twelve were too few for a stable map (the
-#: reliability of a dozen scans varies much from one dozen to the next).
-POSTPROCESSING_SCANS = 48
+# POSTPROCESSING_SCANS (48): the validation-range scans the post-processing is chosen and the
+# calibration fitted on at export; defined with the seed ranges it belongs to, in ctpore.data.splits.
 
 
 def postprocessing_pool(data: DataConfig, progress: ProgressFn = None) -> Pool:
