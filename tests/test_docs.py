@@ -35,12 +35,15 @@ def test_readme_names_the_commands_that_made_its_figures():
 
 
 def test_every_measured_figure_in_the_readme_stands_in_a_docs_file():
-    """Figures in the README's prose (numbers with two or more decimals) are copied from docs/ too."""
+    """Figures in the README's prose (numbers with a decimal point, and counts of %, x, GB or seconds)
+    are copied from docs/ too."""
     readme = (ROOT / "README.md").read_text()
     readme = re.sub(r"Python\s*(≥|>=)?\s*\d+\.\d+(\s*\(\d+\.\d+ tested\))?", "", readme)  # versions
     sources = "\n".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
     sources += "\n".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.json")))
-    figures = set(re.findall(r"(?<![\d.])-?\d+\.\d{2,}(?![\d.])", readme))
+    figures = set(re.findall(r"(?<![\d.])-?\d+\.\d+(?![\d.])", readme))
+    with_unit = re.findall(r"(?<![\w.])(-?\d+(?:\.\d+)?)\s?(?:%|x\b|×|GB\b|s\b|seconds\b|voxels/s)", readme)
+    figures |= {f for f in with_unit if not re.fullmatch(r"[0-9]", f)}  # one digit: a count of commands, not a figure
     assert figures, "the README quotes no figure"
     missing = sorted(f for f in figures if f not in sources and f.lstrip("-") not in sources)
     assert not missing, f"README figures found in no docs file: {missing}"
