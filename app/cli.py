@@ -24,13 +24,18 @@ EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
 class _Progress:
     """A tqdm bar fed by a pipeline's ``progress(done, total, stage)`` callback.
 
-    Shown only when stderr is a terminal, so logs and error output stay one clean line.
+    Shown only when stderr is a terminal, so logs and error output stay one clean line. A stage
+    that starts over (its ``done`` falls back, or its ``total`` changes: the same work done again,
+    e.g. ``ctpore train`` simulates validation scans for training and again for the export) gets
+    a new bar marked ``(pass 2)``, ``(pass 3)``..., never a second 0-100% under the same name. A
+    stage that comes back where it left off (after a nested stage) goes on under its own name.
     """
 
     def __init__(self, label: str = ""):
         self.label = label
         self.bar = None
         self.stage = None
+        self.seen: dict[str, tuple[int, int, int]] = {}  # stage -> (done, total, pass) last reported
         self.enabled = sys.stderr.isatty() and not os.environ.get("CTPORE_NO_PROGRESS")
 
     def __call__(self, done: int, total: int, stage: str) -> None:
@@ -38,10 +43,15 @@ class _Progress:
             return
         from tqdm.auto import tqdm
 
-        if stage != self.stage or self.bar is None:
+        last = self.seen.get(stage)
+        n_pass = 1 if last is None else last[2]
+        restart = last is not None and (done < last[0] or total != last[1])
+        n_pass += restart
+        self.seen[stage] = (done, total, n_pass)
+        if restart or stage != self.stage or self.bar is None:
             self.close()
             self.stage = stage
-            desc = f"{self.label} {stage}".strip()
+            desc = f"{self.label} {stage}".strip() + (f" (pass {n_pass})" if n_pass > 1 else "")
             self.bar = tqdm(total=total, desc=desc, unit="step", leave=False, file=sys.stderr)
         self.bar.total = total
         self.bar.n = done
@@ -63,6 +73,73 @@ def _error(message: str) -> None:
     click.echo(f"ctpore: error: {message}", err=True)
 
 
+def _warn(message: str) -> None:
+    click.echo(f"ctpore: warning: {message}", err=True)
+
+
+#: What torch says when asked for a device this machine (or this torch build) does not have.
+_DEVICE_UNAVAILABLE = (
+    "Torch not compiled with",  # an AssertionError of a CPU-only build asked for cuda (or xpu)
+    "Found no NVIDIA driver",
+    "no CUDA GPUs are available",
+    "no CUDA-capable device is detected",
+    "CUDA driver version is insufficient",
+    "CUDA driver initialization failed",
+    "invalid device ordinal",
+    "busy or unavailable",
+    "device type at start of device string",  # torch.device("nonsense")
+)
+
+_MEMORY_ADVICE = ("try a smaller --memory-gb (reconstruct, batch), or a machine with more memory "
+                  "(set CTPORE_DEBUG=1 for the traceback)")
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _resource_error(exc: BaseException) -> str | None:
+    """The one line for running out of memory or asking for a device that is not there; None for
+    anything else (which stays an internal error). Looks at ``exc`` and the exceptions it was
+    raised from, and only at these kinds: MemoryError, torch's OutOfMemoryError, and the
+    RuntimeError/AssertionError messages torch gives for a missing device or a failed allocation."""
+    torch = sys.modules.get("torch")  # loaded by whatever ran; never imported here
+    oom_types: tuple = ()
+    if torch is not None:
+        oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                      getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)) if t)
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        detail = _first_line(e)
+        if isinstance(e, MemoryError):
+            return f"out of memory: the scan did not fit in memory{f' ({detail})' if detail else ''}; {_MEMORY_ADVICE}"
+        if oom_types and isinstance(e, oom_types):
+            return (f"the GPU ran out of memory ({detail}); try a smaller --memory-gb or --tile, or --device cpu "
+                    "(set CTPORE_DEBUG=1 for the traceback)")
+        if isinstance(e, (RuntimeError, AssertionError)):
+            text = str(e)
+            if "can't allocate memory" in text:  # torch's CPU allocator
+                return f"out of memory: the scan did not fit in memory ({detail}); {_MEMORY_ADVICE}"
+            if any(m in text for m in _DEVICE_UNAVAILABLE):
+                return (f"the requested device is not available ({detail}); use --device cpu, or run on a "
+                        "machine whose GPU and torch build match --device")
+        e = e.__cause__
+    return None
+
+
+def _check_device(ctx, param, value):
+    """``--device``: refused before any work starts when this machine cannot use it."""
+    if value is None or ctx.resilient_parsing:
+        return value
+    from ctpore.pipelines.stream import resolve_device
+
+    resolve_device(value)  # an InputError (exit 2, one line) for a device that is not there
+    return value
+
+
 _python_showwarning = warnings.showwarning
 
 
@@ -74,10 +151,38 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         _python_showwarning(message, category, filename, lineno, file, line)
 
 
+class _Option(click.Option):
+    """An option whose ``[default: ...]`` reads well: a descriptive default (a string given as
+    ``show_default``) is shown as written, without the parentheses click puts around it, and a
+    flag that is off by default says so."""
+
+    def get_help_extra(self, ctx):  # click >= 8.2; older click shows "(text)", still correct
+        extra = super().get_help_extra(ctx)
+        if isinstance(self.show_default, str) and "default" in extra:
+            extra["default"] = self.show_default
+        elif (self.show_default and "default" not in extra and self.is_bool_flag and not self.secondary_opts
+              and self.get_default(ctx, call=False) is False):
+            extra["default"] = "off"  # click shows nothing for a flag that is off
+        return extra
+
+
+def _option(*decls, **attrs):
+    """``click.option`` with :class:`_Option` (every ctpore option has help and shows its default)."""
+    attrs.setdefault("cls", _Option)
+    return click.option(*decls, **attrs)
+
+
+_SLICE_AXIS_HELP = "The file's voxel axis that holds the slices (NIfTI: 0, 1 or 2; a TIFF stack's slices are its pages)."
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ctpore")
 def cli() -> None:
-    """ctpore: the 3D pore space of soil and rock from X-ray micro-CT scans."""
+    """ctpore: the 3D pore space of soil and rock from X-ray micro-CT scans.
+
+    Exit codes of every command: 0 done; 2 bad input or usage (one line on stderr that names the
+    file and what is wrong); 1 internal error; batch: 3 when some scans failed and the rest were done.
+    """
 
 
 def _rdefault(key):
@@ -86,36 +191,59 @@ def _rdefault(key):
     return DEFAULTS[key]
 
 
+#: The defaults of configs/reconstruct.yaml as --help shows them (tests check they agree).
+_SHOWN_DEFAULTS = {"method": "auto", "device": "cpu", "memory_gb": "1.5", "precision": "auto"}
+
+
 @cli.command()
 @click.argument("scans", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--outdir", required=True, type=click.Path(path_type=Path), help="Output folder.")
-@click.option("--method", default=lambda: _rdefault("method"), show_default="auto",
-              type=click.Choice(["auto", "poreformer", "otsu", "plain-otsu"]),
-              help="auto = PoreFormer when weights are installed, else otsu (median + Otsu + speck removal).")
-@click.option("--weights", type=click.Path(path_type=Path), default=None,
-              help="PoreFormer weights (.safetensors); default: the shipped weights.")
-@click.option("--slice-axis", type=click.IntRange(0, 2), default=None,
-              help="The file's voxel axis that holds the slices (NIfTI; default 2, the third).")
-@click.option("--truth", type=click.Path(path_type=Path), default=None,
-              help="Ground-truth pores (1 = pore) to add MSE, Dice and Euler error to the metrics.")
-@click.option("--overwrite", is_flag=True, help="Replace existing outputs.")
-@click.option("--device", default=lambda: _rdefault("device"), show_default="cpu", help="cpu, cuda, cuda:1, ...")
-@click.option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default="1.5",
-              type=click.FloatRange(0.25), help="Memory budget of the whole run (GB): tiles and chunks follow from it.")
-@click.option("--chunk-slices", default=None, type=click.IntRange(1),
-              help="Slices per streamed chunk  [default: the fastest that fits --memory-gb]")
-@click.option("--tile", default=None, type=click.IntRange(8),
-              help="In-plane tile size (pixels)  [default: the fastest that fits --memory-gb]")
-@click.option("--precision", default=lambda: _rdefault("precision"), show_default="auto",
-              type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
-              help="auto = bf16 on CUDA (so FlashAttention runs), fp32 on CPU.")
-@click.option("--attention-backend", default=None, type=click.Choice(["auto", "flash", "sdpa", "math"]),
-              help="Override the weights' attention backend (the metrics report the one that ran).")
+@_option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
+         help="Output folder (created if missing).")
+@_option("--method", default=lambda: _rdefault("method"), show_default=_SHOWN_DEFAULTS["method"],
+         type=click.Choice(["auto", "poreformer", "otsu", "plain-otsu"]),
+         help="auto = PoreFormer when weights are installed, else otsu (median + Otsu + speck removal); "
+              "plain-otsu: Otsu alone.")
+@_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
+         help="PoreFormer weights (.safetensors).")
+@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis", help=_SLICE_AXIS_HELP)
+@_option("--truth", type=click.Path(path_type=Path), default=None, show_default="none",
+         help="Ground-truth pores (1 = pore) to add MSE, Dice and Euler error to the metrics (one SCAN only).")
+@_option("--overwrite", is_flag=True, show_default=True,
+         help="Replace existing outputs. Without it a scan whose outputs exist is refused and its files kept.")
+@_option("--device", default=lambda: _rdefault("device"), show_default=_SHOWN_DEFAULTS["device"],
+         help="cpu, cuda, cuda:1, ... (PoreFormer only).")
+@_option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default=_SHOWN_DEFAULTS["memory_gb"],
+         type=click.FloatRange(0.25),
+         help="Memory budget of the whole PoreFormer run (GB): tiles and chunks follow from it.")
+@_option("--chunk-slices", default=None, type=click.IntRange(1), show_default="the fastest that fits --memory-gb",
+         help="Slices per streamed chunk.")
+@_option("--tile", default=None, type=click.IntRange(8), show_default="the fastest that fits --memory-gb",
+         help="In-plane tile size (pixels).")
+@_option("--precision", default=lambda: _rdefault("precision"), show_default=_SHOWN_DEFAULTS["precision"],
+         type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
+         help="auto = bf16 on CUDA (so FlashAttention runs), fp32 on CPU.")
+@_option("--attention-backend", default=None, type=click.Choice(["auto", "flash", "sdpa", "math"]),
+         show_default="the one stored with the weights",
+         help="Override the weights' attention backend (the metrics report the one that ran).")
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, chunk_slices,
                 tile, precision, attention_backend):
     """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
 
-    Writes OUTDIR/<stem>_pores.nii.gz, <stem>_prob.nii.gz and <stem>_metrics.json per scan.
+    Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
+    <stem>_metrics.json per scan.
+
+    Existing outputs are kept unless --overwrite is given: such a scan is refused with a message
+    and the other scans go on. Every file is written whole or not at all (a temporary file, then
+    a rename), the metrics file last, so a metrics file means a complete set.
+
+    Memory: with PoreFormer the whole process is bounded by --memory-gb (default 1.5 GB): the
+    scan is streamed from disk slab by slab, and a larger budget allows larger tiles and chunks.
+    The otsu methods hold the whole scan in memory, whatever --memory-gb says. Time grows with
+    the number of voxels (slices x rows x columns); with a CUDA GPU, use --device cuda. See
+    docs/performance.md for measured figures.
+
+    Exit codes: 0 done; 2 bad input or usage (one line on stderr per bad scan, naming the file);
+    1 internal error (ctpore batch: 3 when some scans failed).
     """
     from ctpore.pipelines.reconstruct import reconstruct_file
 
@@ -145,22 +273,24 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
 
 @cli.command()
 @click.argument("manifest", type=click.Path(path_type=Path))
-@click.option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
-              help="Output folder: each scan's outputs as for reconstruct, and batch_report.jsonl.")
-@click.option("--scheduler", default=None, help="Address of a running Dask scheduler (tcp://host:8786); "
-              "default: a local cluster on 127.0.0.1.")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(1),
-              help="Worker processes of the local cluster (CPU; with CUDA one per GPU).")
-@click.option("--gpus-per-worker", default=1, show_default=True, type=click.IntRange(1))
-@click.option("--retries", default=2, show_default=True, type=click.IntRange(0),
-              help="Times a scan is tried again when its worker dies (never for bad input).")
-@click.option("--part", default=None, help="Do only share I/N of the manifest (every N-th scan from the I-th), "
-              "for job arrays.")
-@click.option("--method", default="auto", show_default=True,
-              type=click.Choice(["auto", "poreformer", "otsu", "plain-otsu"]))
-@click.option("--weights", type=click.Path(path_type=Path), default=None, help="PoreFormer weights (.safetensors).")
-@click.option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default="1.5",
-              type=click.FloatRange(0.25), help="Memory budget of each worker's scan.")
+@_option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
+         help="Output folder: each scan's outputs as for reconstruct, and batch_report.jsonl.")
+@_option("--scheduler", default=None, show_default="a local cluster on 127.0.0.1",
+         help="Address of a running Dask scheduler (tcp://host:8786).")
+@_option("--workers", default=2, show_default=True, type=click.IntRange(1),
+         help="Worker processes of the local cluster (CPU; with CUDA one per GPU).")
+@_option("--gpus-per-worker", default=1, show_default=True, type=click.IntRange(1),
+         help="GPUs each worker of a local CUDA cluster holds (without dask-cuda).")
+@_option("--retries", default=2, show_default=True, type=click.IntRange(0),
+         help="Times a scan is tried again when its worker dies (never for bad input).")
+@_option("--part", default=None, show_default="the whole manifest",
+         help="Do only share I/N of the manifest (every N-th scan from the I-th), for job arrays.")
+@_option("--method", default="auto", show_default=True,
+         type=click.Choice(["auto", "poreformer", "otsu", "plain-otsu"]), help="As for reconstruct.")
+@_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
+         help="PoreFormer weights (.safetensors).")
+@_option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default=_SHOWN_DEFAULTS["memory_gb"],
+         type=click.FloatRange(0.25), help="Memory budget of each worker's scan (GB), as reconstruct's.")
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
@@ -196,14 +326,14 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
 
 @cli.command()
 @click.argument("scan", type=click.Path(path_type=Path))
-@click.option("--at", "at", required=True, help="The voxel Z,Y,X whose column's attention to show.")
-@click.option("-o", "--out", "out", default=None, type=click.Path(path_type=Path),
-              help="PNG of the heads x earlier slices heatmap (one row per block and head).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the weights per block and head, their entropy, look-back and top slice.")
-@click.option("--weights", type=click.Path(path_type=Path), default=None, help="PoreFormer weights (default: shipped).")
-@click.option("--slice-axis", type=click.IntRange(0, 2), default=None,
-              help="The file's voxel axis that holds the slices (NIfTI; default 2).")
+@_option("--at", "at", required=True, help="The voxel Z,Y,X whose column's attention to show.")
+@_option("-o", "--out", "out", default=None, type=click.Path(path_type=Path), show_default="no PNG",
+         help="PNG of the heads x earlier slices heatmap (one row per block and head).")
+@_option("--json", "as_json", is_flag=True, show_default=True,
+         help="Print the weights per block and head, their entropy, look-back and top slice.")
+@_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
+         help="PoreFormer weights (.safetensors).")
+@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis", help=_SLICE_AXIS_HELP)
 def attention(scan, at, out, as_json, weights, slice_axis):
     """Which earlier slices each attention head looks at, for the voxel Z,Y,X of SCAN."""
     from ctpore.pipelines.inspect import attention_at, write_heatmap_png
@@ -232,14 +362,23 @@ def attention(scan, at, out, as_json, weights, slice_axis):
 @cli.command()
 @click.argument("pred", type=click.Path(path_type=Path))
 @click.argument("truth", type=click.Path(path_type=Path))
-@click.option("--prob", type=click.Path(path_type=Path), default=None, help="Probability map, for the MSE.")
-@click.option("--slice-axis", type=click.IntRange(0, 2), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_option("--prob", type=click.Path(path_type=Path), default=None, show_default="none: MSE of PRED's 0/1 pores",
+         help="Pore probability map in [0, 1] (reconstruct's <stem>_prob.nii.gz): the MSE is computed from it.")
+@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis",
+         help=_SLICE_AXIS_HELP + " The same for all the files.")
+@_option("--json", "as_json", is_flag=True, show_default=True, help="Print JSON instead of a table.")
 def evaluate(pred, truth, prob, slice_axis, as_json):
-    """Compare a pore volume PRED with a ground truth TRUTH (both 0/1)."""
-    from ctpore.pipelines.evaluate import evaluate_files
+    """Compare a pore volume PRED with a ground truth TRUTH (both 0/1).
+
+    The MSE is of the probability map given with --prob; without it, of PRED's 0/1 pores, which
+    is the fraction of voxels that differ (1 - accuracy). The output says which (mse_of).
+    """
+    from ctpore.pipelines.evaluate import MSE_OF_BINARY, evaluate_files
 
     m = evaluate_files(pred, truth, prob_path=prob, slice_axis=slice_axis)
+    if m.get("mse_of") == MSE_OF_BINARY:
+        _warn(f"mse is of the 0/1 pores of {pred} (no --prob), so it equals 1 - voxel accuracy; "
+              "give --prob with the probability map (reconstruct's <stem>_prob.nii.gz) for the probability MSE")
     if as_json:
         click.echo(json.dumps(m, indent=2))
     else:
@@ -251,8 +390,8 @@ def evaluate(pred, truth, prob, slice_axis, as_json):
 
 @cli.command()
 @click.argument("scan", type=click.Path(path_type=Path))
-@click.option("--slice-axis", type=click.IntRange(0, 2), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis", help=_SLICE_AXIS_HELP)
+@_option("--json", "as_json", is_flag=True, show_default=True, help="Print JSON instead of a table.")
 def info(scan, slice_axis, as_json):
     """Shape, spacing, orientation, dtype and intensity range of SCAN."""
     from ctpore.data.io import load_scan
@@ -270,12 +409,14 @@ def info(scan, slice_axis, as_json):
 
 
 @cli.command()
-@click.option("-o", "--outdir", required=True, type=click.Path(path_type=Path))
-@click.option("--n", "n", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--size", default=64, show_default=True, type=click.IntRange(8), help="Edge of the cubic volume.")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
-              help="Enlarge the features of half the scans by a factor up to this (as at a finer voxel size).")
+@_option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
+         help="Output folder for scan_NNNN.nii.gz, label_NNNN.nii.gz and manifest.json (created if missing).")
+@_option("--n", "n", default=4, show_default=True, type=click.IntRange(1), help="Number of scan/label pairs.")
+@_option("--size", default=64, show_default=True, type=click.IntRange(8), help="Edge of the cubic volume (voxels).")
+@_option("--seed", default=0, show_default=True, type=int,
+         help="Seed of the set: the same seed, N and size give the same files.")
+@_option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
+         help="Enlarge the features of half the scans by a factor up to this (as at a finer voxel size).")
 def simulate(outdir, n, size, seed, zoom_max):
     """Write N simulated CT scans of porous media with their true pores (scan_*.nii.gz, label_*.nii.gz)."""
     from ctpore.data.synthetic import write_pairs
@@ -289,16 +430,18 @@ def simulate(outdir, n, size, seed, zoom_max):
 
 
 @cli.command()
-@click.option("--config", "config_path", required=True, type=click.Path(path_type=Path),
-              help="Training config (YAML), e.g. configs/train.yaml.")
-@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
-              help="Checkpoints and history (default runs/<config name>); an existing checkpoint is resumed.")
-@click.option("--images", type=click.Path(path_type=Path), default=None, help="Folder of labelled scans.")
-@click.option("--labels", type=click.Path(path_type=Path), default=None, help="Folder of their labels (same order).")
-@click.option("--export", "export_path", type=click.Path(path_type=Path), default=None,
-              help="Write the trained weights here (default <run-dir>/<model>.safetensors).")
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--no-resume", is_flag=True, help="Start afresh even if the run folder has a checkpoint.")
+@_option("--config", "config_path", required=True, type=click.Path(path_type=Path),
+         help="Training config (YAML), e.g. configs/train.yaml.")
+@_option("--run-dir", type=click.Path(path_type=Path), default=None, show_default="runs/<config name>",
+         help="Checkpoints and history; an existing checkpoint is resumed.")
+@_option("--images", type=click.Path(path_type=Path), default=None, show_default="simulated scans",
+         help="Folder of labelled scans (with --labels).")
+@_option("--labels", type=click.Path(path_type=Path), default=None, show_default="simulated scans",
+         help="Folder of their labels (1 = pore), matched to --images by sorted name.")
+@_option("--export", "export_path", type=click.Path(path_type=Path), default=None,
+         show_default="<run-dir>/<model>.safetensors", help="Write the trained weights here.")
+@_option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda, cuda:1, ...")
+@_option("--no-resume", is_flag=True, show_default=True, help="Start afresh even if the run folder has a checkpoint.")
 def train(config_path, run_dir, images, labels, export_path, device, no_resume):
     """Train PoreFormer (or a U-Net baseline) on simulated CT or on labelled scans."""
     from ctpore.pipelines.train import export_weights, load_train_config
@@ -322,12 +465,12 @@ def bench() -> None:
 
 
 @bench.command("speed")
-@click.option("--shape", default="96x256x256", show_default=True, help="Scan shape Z x Y x X.")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Timed runs per method.")
-@click.option("--workdir", default=Path("runs/speed"), show_default=True, type=click.Path(path_type=Path),
-              help="Where the generated scan and the outputs go.")
-@click.option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
-              help="Where performance.md and performance.json are written.")
+@_option("--shape", default="96x256x256", show_default=True, help="Scan shape Z x Y x X.")
+@_option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Timed runs per method.")
+@_option("--workdir", default=Path("runs/speed"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the generated scan and the outputs go.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where performance.md and performance.json are written.")
 def bench_speed(shape, repeats, workdir, outdir):
     """ctpore reconstruct beside MONAI's 3D U-Net, the trained 3D U-Net and filtered Otsu: whole-process
     voxels/s and peak memory on one generated scan; writes OUTDIR/performance.md and .json."""
@@ -352,14 +495,15 @@ def bench_speed(shape, repeats, workdir, outdir):
 
 
 @bench.command("gpu")
-@click.option("--workdir", default=Path("runs/gpu"), show_default=True, type=click.Path(path_type=Path),
-              help="Where the generated scans and outputs go (scans are removed after use).")
-@click.option("--sizes", default="512x512x512,2048x1024x1024", show_default=True,
-              help="Scan shapes Z x Y x X to time, comma-separated.")
-@click.option("--device", default="cuda", show_default=True)
-@click.option("--memory-gb", default=32.0, show_default=True, type=click.FloatRange(0.25),
-              help="Memory budget of each timed reconstruct run.")
-@click.option("-o", "--out", default=Path("docs/gpu.json"), show_default=True, type=click.Path(path_type=Path))
+@_option("--workdir", default=Path("runs/gpu"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the generated scans and outputs go (scans are removed after use).")
+@_option("--sizes", default="512x512x512,2048x1024x1024", show_default=True,
+         help="Scan shapes Z x Y x X to time, comma-separated.")
+@_option("--device", default="cuda", show_default=True, help="The CUDA device to check (cuda, cuda:1, ...).")
+@_option("--memory-gb", default=32.0, show_default=True, type=click.FloatRange(0.25),
+         help="Memory budget of each timed reconstruct run (GB).")
+@_option("-o", "--out", default=Path("docs/gpu.json"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the figures are written (JSON).")
 def bench_gpu(workdir, sizes, device, memory_gb, out):
     """GPU checks in one run: flash vs sdpa vs math in bf16, the backend that ran, voxels/s on CUDA."""
     from ctpore.pipelines.bench.gpu import bench_gpu as run
@@ -378,30 +522,33 @@ def bench_gpu(workdir, sizes, device, memory_gb, out):
 
 
 @bench.command("quality")
-@click.option("--n-sim", default=8, show_default=True, type=click.IntRange(0), help="Held-out simulated scans.")
-@click.option("--size", default=64, show_default=True, type=click.IntRange(16), help="Edge of the simulated scans.")
-@click.option("--leopard", type=click.Path(path_type=Path), default=None,
-              help="Real pore label to scan with the simulator (default: leopard_porespy/label.nii.gz in $CTPORE_SHARED_DATA or ../shared/data beside the repository).")
-@click.option("--real-scan", type=click.Path(path_type=Path), default=None,
-              help="Real unlabelled scan (default: quantimpy_rock/gray.nii.gz in the same folder).")
-@click.option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path))
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--weights-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Folder with poreformer/unet2d/unet3d.safetensors (default: the shipped weights).")
-@click.option("--seed-base", default=None, type=click.IntRange(0),
-              help="Simulate the cases from this seed instead of the held-out range (e.g. 2000100 for "
-                   "further unseen scans to compare candidates on).")
-@click.option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
-              help="Enlarge the features of half the simulated scans by up to this factor.")
-@click.option("--simulated-only", is_flag=True, help="Leave out the Leopard case and the real scan.")
+@_option("--n-sim", default=8, show_default=True, type=click.IntRange(0), help="Held-out simulated scans.")
+@_option("--size", default=64, show_default=True, type=click.IntRange(16), help="Edge of the simulated scans.")
+@_option("--leopard", type=click.Path(path_type=Path), default=None,
+         show_default="tests/data/leopard_porespy/label.nii.gz in the repository, else leopard_porespy/label.nii.gz "
+                      "in $CTPORE_SHARED_DATA or ../shared/data beside the repository",
+         help="Real pore label to scan with the simulator.")
+@_option("--real-scan", type=click.Path(path_type=Path), default=None,
+         show_default="quantimpy_rock/gray.nii.gz in the same folder", help="Real unlabelled scan.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where benchmark.md and benchmark.json are written.")
+@_option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda, cuda:1, ...")
+@_option("--weights-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+         show_default="the shipped weights", help="Folder with poreformer/unet2d/unet3d.safetensors.")
+@_option("--seed-base", default=None, type=click.IntRange(0), show_default="the held-out benchmark range",
+         help="Simulate the cases from this seed instead (e.g. 2000100 for further unseen scans to "
+              "compare candidates on).")
+@_option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
+         help="Enlarge the features of half the simulated scans by up to this factor.")
+@_option("--simulated-only", is_flag=True, show_default=True, help="Leave out the Leopard case and the real scan.")
 def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, seed_base, zoom_max, simulated_only):
     """PoreFormer beside Otsu, the Fiji pipeline and U-Nets: writes OUTDIR/benchmark.md and .json."""
     from ctpore.pipelines.bench import bench_quality as run
-    from ctpore.pipelines.bench import default_shared, write_report
+    from ctpore.pipelines.bench import default_leopard, default_shared, write_report
 
     shared = default_shared()
-    if leopard is None and shared is not None and (shared / "leopard_porespy" / "label.nii.gz").exists():
-        leopard = shared / "leopard_porespy" / "label.nii.gz"
+    if leopard is None:
+        leopard = default_leopard()
     if real_scan is None and shared is not None and (shared / "quantimpy_rock" / "gray.nii.gz").exists():
         real_scan = shared / "quantimpy_rock" / "gray.nii.gz"
     if simulated_only:
@@ -451,6 +598,10 @@ def main(argv=None) -> None:
     except Exception as exc:  # an internal error: one line, the traceback on request
         if os.environ.get("CTPORE_DEBUG"):
             raise
+        said = _resource_error(exc)  # out of memory, or a device that is not there: what to do
+        if said is not None:
+            _error(said)
+            sys.exit(EXIT_INPUT)
         _error(f"internal error: {type(exc).__name__}: {exc} (set CTPORE_DEBUG=1 for the traceback)")
         sys.exit(EXIT_INTERNAL)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)

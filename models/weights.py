@@ -48,6 +48,7 @@ _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
 
 
 def _refuse(path: Path, why: str) -> InputError:
+    """A pickle-based checkpoint (``torch.save``'s zip or a plain pickle): say how to convert it."""
     return InputError(
         f"is not a safetensors file ({why}); ctpore never unpickles weights (it could run "
         "code). Convert it with ctpore.models.weights.save_weights in an environment you "
@@ -57,15 +58,24 @@ def _refuse(path: Path, why: str) -> InputError:
     )
 
 
+def _not_weights(path: Path, why: str = "its first bytes are not a safetensors header") -> InputError:
+    """Neither safetensors nor a pickle checkpoint: no conversion advice applies."""
+    return InputError(f"is not a safetensors file ({why}): pass the .safetensors weights ctpore wrote",
+                      path=path)
+
+
 def _check_safetensors(path: str | Path) -> Path:
-    """Refuse what is not a readable safetensors file, with a message that says why."""
+    """Refuse what is not a readable safetensors file, with a message that says why.
+
+    Only the first bytes are looked at (nothing is unpickled): a zip archive (``torch.save``) or
+    a pickle header gets the conversion advice; anything else without a safetensors header (8-byte
+    little-endian header length, then ``{``) is called what it is, whatever its suffix.
+    """
     p = Path(path)
     if not p.exists():
         raise InputError("no such weights file", path=p)
     if p.is_dir():
         raise InputError("is a directory, expected a .safetensors weights file", path=p)
-    if p.suffix.lower() in _PICKLE_SUFFIXES:
-        raise _refuse(p, f"a {p.suffix} file is a pickle checkpoint")
     try:
         with open(p, "rb") as fh:
             head = fh.read(8)
@@ -74,14 +84,44 @@ def _check_safetensors(path: str | Path) -> Path:
                 raise _refuse(p, "a zip archive, as torch.save writes")
             if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
                 raise _refuse(p, "it starts with a pickle header")
+            if not head:
+                raise _not_weights(p, "the file is empty")
             if len(head) < 8:
-                raise _refuse(p, "too short")
+                raise _not_weights(p, f"only {len(head)} bytes long")
             (n,) = struct.unpack("<Q", head)
             if n < 2 or n > _MAX_HEADER or 8 + n > size or fh.read(1) != b"{":
-                raise _refuse(p, "no safetensors header")
+                if p.suffix.lower() in _PICKLE_SUFFIXES:
+                    raise _not_weights(p, f"its first bytes are neither a safetensors header nor those of "
+                                          f"a torch.save/pickle {p.suffix} checkpoint; is it damaged?")
+                raise _not_weights(p)
     except OSError as exc:
         raise InputError(f"cannot read the weights file ({exc.strerror})", path=p) from exc
     return p
+
+
+def _check_fit(state: dict, expected: dict, path: Path, meta: dict | None = None, what: str = "stored config",
+               advice: str = "") -> None:
+    """One short line when the tensors of a file do not fit the model built from its config.
+
+    It says how many tensors differ, the first two (expected vs found shape), and that the
+    weights are for another model or config; never the whole list (a model has hundreds).
+    """
+    diffs = [f"missing {k}" for k in sorted(set(expected) - set(state))]
+    diffs += [f"{k}: expected {tuple(expected[k].shape)}, found {tuple(state[k].shape)}"
+              for k in sorted(set(state) & set(expected)) if tuple(state[k].shape) != tuple(expected[k].shape)]
+    diffs += [f"unexpected {k}" for k in sorted(set(state) - set(expected))]
+    if not diffs:
+        return
+    n = len(diffs)
+    shown = "; ".join(diffs[:2]) + ("; ..." if n > 2 else "")
+    written = ""
+    if meta and meta.get("ctpore_version"):
+        from ctpore import __version__  # noqa: PLC0415
+
+        if meta["ctpore_version"] != __version__:
+            written = f" (written by ctpore {meta['ctpore_version']}, this is {__version__})"
+    raise InputError(f"the tensors do not fit the {what}: {n} tensor{'s' if n != 1 else ''} differ ({shown}); "
+                     f"these weights are for a different model or config{written}{advice}", path=path)
 
 
 def sha256_file(path: str | Path) -> str:
@@ -247,19 +287,7 @@ def load_model(
         state = load_file(str(p), device="cpu")
     except Exception as exc:
         raise InputError(f"cannot read the tensors ({exc})", path=p) from exc
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    problems = [f"missing {', '.join(missing)}"] if missing else []
-    problems += [f"unexpected {', '.join(unexpected)}"] if unexpected else []
-    problems += [
-        f"{k}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-        for k, v in state.items()
-        if k in expected and v.shape != expected[k].shape
-    ]
-    if problems:
-        raise InputError("the tensors do not fit the stored config: " + "; ".join(problems),
-                         path=p)
+    _check_fit(state, model.state_dict(), p, meta)
     model.load_state_dict(state, strict=True)
     if device is not None:
         model.to(device)
@@ -290,7 +318,12 @@ def load_unet(path: str | Path) -> torch.nn.Module:
         model = build_unet(config)
     except InputError as exc:
         raise InputError(exc.message, path=p) from None
-    model.load_state_dict(load_file(str(p), device="cpu"))
+    try:
+        state = load_file(str(p), device="cpu")
+    except Exception as exc:  # safetensors raises its own error types
+        raise InputError(f"cannot read the tensors ({exc})", path=p) from exc
+    _check_fit(state, model.state_dict(), p, meta)
+    model.load_state_dict(state)
     return model.eval()
 
 
@@ -366,8 +399,14 @@ def load_for_inference(path: str | Path | None = None, device: str | torch.devic
         model = load_model(p, device=device, attention_backend=attention_backend)
         meta = read_metadata(p)
         return model, meta, read_postprocessing(p, meta), p
-    return _cached_for_inference(str(p.resolve()), stat.st_size, stat.st_mtime_ns, str(device),
-                                 attention_backend) + (p,)
+    try:
+        cached = _cached_for_inference(str(p.resolve()), stat.st_size, stat.st_mtime_ns, str(device),
+                                       attention_backend)
+    except InputError as exc:  # name the file as the user gave it, not its resolved path
+        if exc.path is None or exc.path != p.resolve():
+            raise
+        raise InputError(exc.message, path=p) from None
+    return cached + (p,)
 
 
 @functools.lru_cache(maxsize=2)
@@ -405,10 +444,19 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.O
     from safetensors import safe_open  # noqa: PLC0415
 
     p = _check_safetensors(path)
-    with safe_open(str(p), framework="pt") as fh:
-        meta = fh.metadata()
-        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    try:
+        with safe_open(str(p), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    except Exception as exc:  # safetensors raises its own error types
+        raise InputError(f"not a readable safetensors checkpoint ({exc})", path=p) from exc
+    if not {"step", "param_groups", "history", "train_config"} <= set(meta):
+        raise InputError("is not a ctpore training checkpoint (no step, optimizer or history metadata); "
+                         "use another --run-dir or --no-resume", path=p)
+    weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    _check_fit(weights, model.state_dict(), p, what="model of this run's config",
+               advice="; use another --run-dir or --no-resume")
+    model.load_state_dict(weights)
     state: dict = {}
     for k, v in tensors.items():
         if k.startswith("optim."):

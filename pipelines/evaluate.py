@@ -11,6 +11,11 @@ from ctpore.errors import InputError
 from ctpore.data.io import load_scan, read_label, read_volume
 from ctpore.data.metrics import check_binary, comparison_metrics, volume_metrics
 
+#: ``mse_of`` when the MSE is of the probability map (the MSE of the metrics files and benchmarks).
+MSE_OF_PROBABILITY = "probability"
+#: ``mse_of`` when no probability map was given: the MSE of the 0/1 volume, which is 1 - accuracy.
+MSE_OF_BINARY = "binary pores"
+
 
 def evaluate(pred, truth, prob=None, spacing_mm=(1.0, 1.0, 1.0)) -> dict:
     """Metrics of a predicted pore volume against a ground truth.
@@ -20,7 +25,8 @@ def evaluate(pred, truth, prob=None, spacing_mm=(1.0, 1.0, 1.0)) -> dict:
     pred, truth : ndarray, shape (Z, Y, X)
         Binary pore volumes (1 = pore).
     prob : ndarray, optional
-        Pore probability in [0, 1]; MSE is computed from it when given, else from ``pred``.
+        Pore probability in [0, 1]; MSE is computed from it when given, else from ``pred``
+        (of a 0/1 volume the MSE is the fraction of voxels that differ: 1 - accuracy).
     spacing_mm : tuple
         Voxel size (z, y, x) in mm, for the connectivity density.
 
@@ -28,7 +34,9 @@ def evaluate(pred, truth, prob=None, spacing_mm=(1.0, 1.0, 1.0)) -> dict:
     -------
     dict
         The volume metrics of ``pred`` (porosity, Euler numbers, connectivity density, n_pores)
-        and the comparison (mse, dice, iou, porosity_error, euler_error_rel, ...).
+        and the comparison (mse, dice, iou, porosity_error, euler_error_rel, ...), with
+        ``mse_of`` saying which volume the MSE is of: :data:`MSE_OF_PROBABILITY`
+        (``"probability"``) or :data:`MSE_OF_BINARY` (``"binary pores"``).
     """
     pred = check_binary(np.asarray(pred), what="prediction")
     truth = check_binary(np.asarray(truth), what="ground truth")
@@ -37,7 +45,10 @@ def evaluate(pred, truth, prob=None, spacing_mm=(1.0, 1.0, 1.0)) -> dict:
         if prob.shape != pred.shape:
             raise InputError(f"probability shape {prob.shape} differs from prediction shape {pred.shape}")
     out = volume_metrics(pred, spacing_mm)
-    out.update(comparison_metrics(pred, truth, prob=prob))
+    for k, v in comparison_metrics(pred, truth, prob=prob).items():
+        out[k] = v
+        if k == "mse":  # say which volume the MSE is of, right beside it
+            out["mse_of"] = MSE_OF_PROBABILITY if prob is not None else MSE_OF_BINARY
     return out
 
 
@@ -64,4 +75,6 @@ def evaluate_files(
     out = evaluate(pred, truth, prob=prob, spacing_mm=geometry.spacing_mm)
     out["spacing_mm"] = [float(s) for s in geometry.spacing_mm]
     out["shape"] = [int(s) for s in pred.shape]
-    return out
+    from ctpore.pipelines.outputs import finish_metrics
+
+    return finish_metrics(out, geometry, str(pred_path))  # units as reconstruct reports them

@@ -290,6 +290,8 @@ def reconstruct_large(
             "device": str(dev), "attention_backend": model.backends_ran()}
     metrics.update(run_fields(shape, geometry, "poreformer", info))
     metrics["clipped_voxels"] = clipped
+    if "mse" in metrics:
+        metrics["mse_of"] = "probability"
     finish_metrics(metrics, geometry, str(scan_path))
     metrics["seconds"] = round(time.perf_counter() - t0, 3)
     metrics["ctpore_version"] = __version__

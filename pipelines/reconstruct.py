@@ -261,6 +261,8 @@ def reconstruct(
         if isinstance(truth, (str, os.PathLike)):
             truth = read_label(truth, slice_axis=slice_axis, like=geometry)
         metrics.update(comparison_metrics(pores, np.asarray(truth), prob=prob))
+        # the thresholding methods have no probability: their MSE is of the 0/1 pores (1 - accuracy)
+        metrics["mse_of"] = "probability" if concrete == "poreformer" else "binary pores"
     from ctpore import __version__
 
     metrics["seconds"] = round(time.perf_counter() - t0, 3)

@@ -143,7 +143,9 @@ def test_real_scan_metrics_reproduce_from_written_files(tmp_path, capsys):
     prob = np.asarray(nib.load(str(tmp_path / "gray_prob.nii.gz")).dataobj)
     assert prob.min() >= 0 and prob.max() <= 1
     pores = np.asarray(pores_img.dataobj).transpose(2, 1, 0)
-    ref = volume_metrics(pores, tuple(m["spacing_mm"]))
+    assert m["spacing_unit"] == "unknown" and m["spacing_mm"] is None  # the file gives no unit: per voxel
+    ref = volume_metrics(pores, (1.0, 1.0, 1.0))
+    ref["connectivity_density_per_voxel3"] = ref.pop("connectivity_density_per_mm3")
     for k, v in ref.items():
         assert m[k] == v, k
     # and through `ctpore evaluate` (the pores against themselves: Dice 1, same Euler number)
@@ -151,11 +153,12 @@ def test_real_scan_metrics_reproduce_from_written_files(tmp_path, capsys):
                               "--prob", tmp_path / "gray_prob.nii.gz", "--json"], capsys)
     assert code == 0, err
     ev = json.loads(out)
-    for k in ("porosity", "euler_number", "euler_number_6", "n_pores", "connectivity_density_per_mm3"):
+    for k in ("porosity", "euler_number", "euler_number_6", "n_pores", "connectivity_density_per_voxel3",
+              "spacing_unit"):
         assert ev[k] == m[k], k
     assert ev["dice"] == 1.0
     for key in ("porosity", "euler_number", "euler_number_6", "connectivity_density_per_mm3", "n_pores", "shape",
-                "spacing_mm", "method", "model", "device", "attention_backend", "seconds", "ctpore_version"):
+                "spacing_mm", "spacing_unit", "method", "model", "device", "attention_backend", "seconds", "ctpore_version"):
         assert key in m
 
 
