@@ -132,7 +132,7 @@ def _resource_error(exc: BaseException) -> str | None:
 
 def _check_device(ctx, param, value):
     """``--device``: refused before any work starts when this machine cannot use it."""
-    if value is None or ctx.resilient_parsing:
+    if value is None or value == "cpu" or ctx.resilient_parsing:  # the CPU is always there (no torch import)
         return value
     from ctpore.pipelines.stream import resolve_device
 

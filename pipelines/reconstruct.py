@@ -298,6 +298,8 @@ def reconstruct_file(
         ``{"pores": Path, "prob": Path, "metrics": Path, "result": metrics dict}``.
     """
     paths = check_outputs(scan_path, outdir, overwrite)
+    with load_scan(scan_path, slice_axis=slice_axis):  # a bad scan (or a lying header) is said at once,
+        pass  # from its header, before the model's libraries load
     remove_stale_temps(paths)  # what a killed earlier run of this scan left half-written
     if resolve_method(method, weights) == "poreformer":
         # Slab by slab, so that memory does not grow with the number of slices (the figures
