@@ -18,9 +18,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 from ctpore.app import cli as cli_mod
-from ctpore.app.cli import _Progress, cli, main
+from ctpore.app.cli import _Progress, cli
 from ctpore.errors import InputError
-from ctpore.models import PoreFormer, PoreFormerConfig
+from ctpore.models import PoreFormer
 from ctpore.models.weights import (
     load_checkpoint,
     load_model,
@@ -29,16 +29,11 @@ from ctpore.models.weights import (
     save_checkpoint,
     save_weights,
 )
+from helpers import run_cli, small
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
-def run_cli(args, capsys):
-    """Run the ctpore command in-process; return (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 def one_line(err: str) -> str:
@@ -112,11 +107,6 @@ def test_evaluate_api_says_which_mse():
 
 # --- 2. weights files: say what they are -----------------------------------------------------
 
-def small(**kw) -> PoreFormerConfig:
-    base = {"d_model": 32, "n_heads": 4, "n_layers": 2, "stem_channels": 4, "level_channels": (8, 16),
-            "level_attention": (0, 1), "window": 5, "n_kv_heads": 2}
-    base.update(kw)
-    return PoreFormerConfig(**base)
 
 
 @pytest.fixture()

@@ -17,17 +17,12 @@ from ctpore.app.cli import main
 from ctpore.data.metrics import comparison_metrics, volume_metrics
 from ctpore.pipelines.bench.quality import default_leopard, default_shared
 from ctpore.pipelines.reconstruct import reconstruct
+from helpers import run_cli
 
 SHARED = default_shared() or Path("missing")
 REAL_SCAN = SHARED / "quantimpy_rock" / "gray.nii.gz"
 
 
-def run_cli(args, capsys):
-    """Run the ctpore command in-process; return (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 def two_phase(shape=(14, 18, 16), seed=0):

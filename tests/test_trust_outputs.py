@@ -14,16 +14,11 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from ctpore.app.cli import main
 from ctpore.data.metrics import volume_metrics
 from ctpore.data.normalize import CLIP_HIGH, CLIP_LOW, normalize
+from helpers import run_cli
 
 
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 def grains(shape=(40, 48, 48), seed=3):

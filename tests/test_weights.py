@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ctpore.errors import InputError
-from ctpore.models import PoreFormer, PoreFormerConfig
+from ctpore.models import PoreFormer
 from ctpore.models.weights import (
     default_weights_path,
     load_model,
@@ -18,15 +18,11 @@ from ctpore.models.weights import (
     save_weights,
     sha256_file,
 )
+from helpers import small
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
-def small(**kw) -> PoreFormerConfig:
-    base = dict(d_model=32, n_heads=4, n_layers=2, stem_channels=4, level_channels=(8, 16),
-                level_attention=(0, 1), window=5, n_kv_heads=2)
-    base.update(kw)
-    return PoreFormerConfig(**base)
 
 
 @pytest.fixture()
