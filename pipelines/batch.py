@@ -211,8 +211,13 @@ def _cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int):
                                    processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
                                    resources={"GPU": gpus_per_worker})
     else:
+        # One scan at a time per worker; the cores shared among the workers for torch's own threads
+        # (Dask would give each worker process one thread: one worker would use one core).
+        cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+                    // workers)
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address="127.0.0.1:0")
+                               dashboard_address="127.0.0.1:0",
+                               env={"OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": str(cores)})
     return Client(cluster), cluster, bool(gpus)
 
 
