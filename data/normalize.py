@@ -196,6 +196,20 @@ class NormalizedVolume:
         self.lo = float(lo)
         self.hi = float(hi)
         self.shape = tuple(int(s) for s in volume.shape)
+        #: Whether any value read so far reached the clip bounds (then :meth:`clipped_voxels`
+        #: counts them exactly, in one more pass; a scan without such values never pays for it).
+        self.saw_clipping = False
+
+    def _norm(self, raw) -> np.ndarray:
+        out = normalize(raw, self.lo, self.hi)
+        if not self.saw_clipping and out.size and (out.min() <= CLIP_LOW or out.max() >= CLIP_HIGH):
+            self.saw_clipping = True
+        return out
+
+    def clipped_voxels(self, progress: ProgressFn = None) -> int:
+        """How many voxels of the source are clipped (0 without a pass when none was seen), with a
+        warning when there are any (:func:`check_clipped`). Call it after the whole volume was read."""
+        return check_clipped(self.volume, self.lo, self.hi, progress) if self.saw_clipping else 0
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -204,8 +218,8 @@ class NormalizedVolume:
         """Slices ``z0:z1`` cropped to rows ``y0:y1`` and columns ``x0:x1``, normalized; reads only
         the window where the source can (``read_window``)."""
         if hasattr(self.volume, "read_window"):
-            return normalize(self.volume.read_window(z0, z1, y0, y1, x0, x1), self.lo, self.hi)
-        return normalize(np.asarray(self.volume[z0:z1])[:, y0:y1, x0:x1], self.lo, self.hi)
+            return self._norm(self.volume.read_window(z0, z1, y0, y1, x0, x1))
+        return self._norm(np.asarray(self.volume[z0:z1])[:, y0:y1, x0:x1])
 
     def __getitem__(self, key) -> np.ndarray:
         if not isinstance(key, slice):
@@ -213,7 +227,7 @@ class NormalizedVolume:
         start, stop, step = key.indices(self.shape[0])
         if step != 1:
             raise TypeError("NormalizedVolume supports contiguous slices only (step 1)")
-        return normalize(self.volume[start:stop], self.lo, self.hi)
+        return self._norm(self.volume[start:stop])
 
 
 def normalize_volume(volume: np.ndarray) -> np.ndarray:

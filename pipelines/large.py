@@ -255,7 +255,7 @@ def reconstruct_large(
     import time
 
     from ctpore import __version__
-    from ctpore.data.normalize import NormalizedVolume, check_clipped, has_contrast, robust_range, warn_no_contrast
+    from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
     from ctpore.models.weights import load_for_inference, sha256_file
     from ctpore.pipelines.outputs import finish_metrics, run_fields
     from ctpore.pipelines.stream import predict, resolve_device
@@ -275,9 +275,10 @@ def reconstruct_large(
             model.reset_backends_ran()
             clipped = 0
             if has_contrast(lo, hi):
-                clipped = check_clipped(source, lo, hi, progress)
-                predict(model, NormalizedVolume(source, lo, hi), chunk_slices=chunk_slices, tile=tile, device=dev,
+                view = NormalizedVolume(source, lo, hi)
+                predict(model, view, chunk_slices=chunk_slices, tile=tile, device=dev,
                         progress=progress, out=spill, precision=precision)
+                clipped = view.clipped_voxels(progress)  # counted (and said) only when values were clipped
             else:  # nothing to see: no pores, said in a warning
                 warn_no_contrast(lo)
                 for z0 in range(0, shape[0], slab):

@@ -27,7 +27,7 @@ from ctpore.atomic import write_json_atomic
 from ctpore.data.calibration import apply_calibration
 from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan, read_label, save_volume
 from ctpore.data.metrics import comparison_metrics, volume_metrics
-from ctpore.data.normalize import NormalizedVolume, check_clipped, has_contrast, robust_range, warn_no_contrast
+from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
 from ctpore.errors import InputError
 from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
 from ctpore.pipelines.outputs import (check_outputs, finish_metrics, output_paths, output_set, remove_stale_temps,
@@ -143,9 +143,10 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress, m
     model.reset_backends_ran()
     clipped = 0
     if has_contrast(lo, hi):
-        clipped = check_clipped(volume, lo, hi, progress)
-        prob = predict(model, NormalizedVolume(volume, lo, hi), chunk_slices=chunk_slices, tile=tile, device=dev,
+        view = NormalizedVolume(volume, lo, hi)
+        prob = predict(model, view, chunk_slices=chunk_slices, tile=tile, device=dev,
                        progress=progress, precision=precision)
+        clipped = view.clipped_voxels(progress)
     else:
         warn_no_contrast(lo)
         prob = np.zeros(volume.shape, np.float32)
@@ -244,9 +245,10 @@ def reconstruct(
             if not has_contrast(lo, hi):  # no structure to threshold: no pores, said in a warning
                 warn_no_contrast(lo)
                 pores = np.zeros(tuple(int(d) for d in volume.shape), np.uint8)
-            else:  # far-out grey values clipped first, so that they cannot move the threshold
-                info["clipped_voxels"] = check_clipped(volume, lo, hi, progress)
-                pores = _otsu(NormalizedVolume(volume, lo, hi), concrete, chunk, progress)
+            else:  # far-out grey values clipped, so that they cannot move the threshold
+                view = NormalizedVolume(volume, lo, hi)
+                pores = _otsu(view, concrete, chunk, progress)
+                info["clipped_voxels"] = view.clipped_voxels(progress)
             prob = pores.astype(np.float32)
     finally:
         if opened is not None:
