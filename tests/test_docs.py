@@ -42,8 +42,11 @@ def test_every_measured_figure_in_the_readme_stands_in_a_docs_file():
     sources = "\n".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
     sources += "\n".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.json")))
     figures = set(re.findall(r"(?<![\d.])-?\d+\.\d+(?![\d.]|th\b)", readme))  # not "the 99.5th percentile"
-    with_unit = re.findall(r"(?<![\w.])(-?\d+(?:\.\d+)?)\s?(?:%|x\b|×|GB\b|s\b|seconds\b|voxels/s)", readme)
-    figures |= {f for f in with_unit if not re.fullmatch(r"[0-9]", f)}  # one digit: a count of commands, not a figure
+    # a figure with its unit ("0.97x", "1.09 GB", "25%") must stand in a docs file with that unit
+    prose = re.sub(r"```.*?```", "", readme, flags=re.S)  # code: settings, not figures
+    prose = re.sub(r"default \d+(\.\d+)?", "", prose)  # an option's default is a setting
+    with_unit = re.findall(r"(?<![\w.–-])(-?\d+(?:\.\d+)?)(\s?)(%|x\b|GB\b|s\b|seconds\b|voxels/s)", prose)
+    figures |= {n + sp + u for n, sp, u in with_unit if not re.fullmatch(r"[0-9]", n)}  # one digit: a count
     assert figures, "the README quotes no figure"
     missing = sorted(f for f in figures if f not in sources and f.lstrip("-") not in sources)
     assert not missing, f"README figures found in no docs file: {missing}"
