@@ -15,164 +15,22 @@ from pathlib import Path
 import click
 
 from ctpore import __version__
-from ctpore.errors import CtporeWarning, InputError
+from ctpore.errors import InputError
 from ctpore.runtime import tune_allocator
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
 
 
-class _Progress:
-    """A tqdm bar fed by a pipeline's ``progress(done, total, stage)`` callback.
-
-    Shown only when stderr is a terminal, so logs and error output stay one clean line. A stage
-    that starts over (its ``done`` falls back, or its ``total`` changes: the same work done again,
-    e.g. ``ctpore train`` simulates validation scans for training and again for the export) gets
-    a new bar marked ``(pass 2)``, ``(pass 3)``..., never a second 0-100% under the same name. A
-    stage that comes back where it left off (after a nested stage) goes on under its own name.
-    """
-
-    def __init__(self, label: str = ""):
-        self.label = label
-        self.bar = None
-        self.stage = None
-        self.seen: dict[str, tuple[int, int, int]] = {}  # stage -> (done, total, pass) last reported
-        self.enabled = sys.stderr.isatty() and not os.environ.get("CTPORE_NO_PROGRESS")
-
-    def __call__(self, done: int, total: int, stage: str) -> None:
-        if not self.enabled:
-            return
-        from tqdm.auto import tqdm
-
-        last = self.seen.get(stage)
-        n_pass = 1 if last is None else last[2]
-        restart = last is not None and (done < last[0] or total != last[1])
-        n_pass += restart
-        self.seen[stage] = (done, total, n_pass)
-        if restart or stage != self.stage or self.bar is None:
-            self.close()
-            self.stage = stage
-            desc = f"{self.label} {stage}".strip() + (f" (pass {n_pass})" if n_pass > 1 else "")
-            self.bar = tqdm(total=total, desc=desc, unit="step", leave=False, file=sys.stderr)
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def _error(message: str) -> None:
-    click.echo(f"ctpore: error: {message}", err=True)
-
-
-def _warn(message: str) -> None:
-    click.echo(f"ctpore: warning: {message}", err=True)
-
-
-#: What torch says when asked for a device this machine (or this torch build) does not have.
-_DEVICE_UNAVAILABLE = (
-    "Torch not compiled with",  # an AssertionError of a CPU-only build asked for cuda (or xpu)
-    "Found no NVIDIA driver",
-    "no CUDA GPUs are available",
-    "no CUDA-capable device is detected",
-    "CUDA driver version is insufficient",
-    "CUDA driver initialization failed",
-    "invalid device ordinal",
-    "busy or unavailable",
-    "device type at start of device string",  # torch.device("nonsense")
+from ctpore.app.console import (
+    SLICE_AXIS_HELP as _SLICE_AXIS_HELP,
+    Progress as _Progress,
+    check_device as _check_device,
+    error as _error,
+    option as _option,
+    resource_error as _resource_error,
+    show_warning as _show_warning,
+    warn as _warn,
 )
-
-_MEMORY_ADVICE = ("try a smaller --memory-gb (reconstruct, batch), or a machine with more memory "
-                  "(set CTPORE_DEBUG=1 for the traceback)")
-
-
-def _first_line(exc: BaseException, limit: int = 160) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0]
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _resource_error(exc: BaseException) -> str | None:
-    """The one line for running out of memory or asking for a device that is not there; None for
-    anything else (which stays an internal error). Looks at ``exc`` and the exceptions it was
-    raised from, and only at these kinds: MemoryError, torch's OutOfMemoryError, and the
-    RuntimeError/AssertionError messages torch gives for a missing device or a failed allocation."""
-    torch = sys.modules.get("torch")  # loaded by whatever ran; never imported here
-    oom_types: tuple = ()
-    if torch is not None:
-        oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
-                                      getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)) if t)
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        detail = _first_line(e)
-        if isinstance(e, MemoryError):
-            return f"out of memory: the scan did not fit in memory{f' ({detail})' if detail else ''}; {_MEMORY_ADVICE}"
-        if oom_types and isinstance(e, oom_types):
-            return (f"the GPU ran out of memory ({detail}); try a smaller --memory-gb or --tile, or --device cpu "
-                    "(set CTPORE_DEBUG=1 for the traceback)")
-        if isinstance(e, (RuntimeError, AssertionError)):
-            text = str(e)
-            if "can't allocate memory" in text:  # torch's CPU allocator
-                return f"out of memory: the scan did not fit in memory ({detail}); {_MEMORY_ADVICE}"
-            if any(m in text for m in _DEVICE_UNAVAILABLE):
-                return (f"the requested device is not available ({detail}); use --device cpu, or run on a "
-                        "machine whose GPU and torch build match --device")
-        e = e.__cause__
-    return None
-
-
-def _check_device(ctx, param, value):
-    """``--device``: refused before any work starts when this machine cannot use it."""
-    if value is None or value == "cpu" or ctx.resilient_parsing:  # the CPU is always there (no torch import)
-        return value
-    from ctpore.pipelines.stream import resolve_device
-
-    resolve_device(value)  # an InputError (exit 2, one line) for a device that is not there
-    return value
-
-
-_python_showwarning = warnings.showwarning
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """ctpore's own warnings as ``ctpore: warning: ...`` (one line); others as Python prints them."""
-    if issubclass(category, CtporeWarning):
-        click.echo(f"ctpore: warning: {' '.join(str(message).split())}", err=True)
-    else:
-        _python_showwarning(message, category, filename, lineno, file, line)
-
-
-class _Option(click.Option):
-    """An option whose ``[default: ...]`` reads well: a descriptive default (a string given as
-    ``show_default``) is shown as written, without the parentheses click puts around it, and a
-    flag that is off by default says so."""
-
-    def get_help_extra(self, ctx):  # click >= 8.2; older click shows "(text)", still correct
-        extra = super().get_help_extra(ctx)
-        if isinstance(self.show_default, str) and "default" in extra:
-            extra["default"] = self.show_default
-        elif (self.show_default and "default" not in extra and self.is_bool_flag and not self.secondary_opts
-              and self.get_default(ctx, call=False) is False):
-            extra["default"] = "off"  # click shows nothing for a flag that is off
-        return extra
-
-
-def _option(*decls, **attrs):
-    """``click.option`` with :class:`_Option` (every ctpore option has help and shows its default)."""
-    attrs.setdefault("cls", _Option)
-    return click.option(*decls, **attrs)
-
-
-_SLICE_AXIS_HELP = "The file's voxel axis that holds the slices (NIfTI: 0, 1 or 2; a TIFF stack's slices are its pages)."
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
