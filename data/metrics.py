@@ -24,6 +24,7 @@ import numpy as np
 from ctpore.data.binary import as_volume, check_binary, check_spacing
 from ctpore.data.topology import (
     SLAB_VOXELS,
+    betti_numbers,
     configuration_histogram,
     connectivity_density,
     connectivity_from_euler,
@@ -44,6 +45,8 @@ __all__ = [
     "connectivity_density",
     "volume_metrics",
     "comparison_metrics",
+    "betti_comparison",
+    "betti_numbers",
 ]
 
 
@@ -84,8 +87,30 @@ def volume_metrics(
     }
 
 
+def betti_comparison(pred: np.ndarray, truth: np.ndarray) -> dict[str, int | float]:
+    """Betti numbers of a prediction and a truth side by side, with relative errors.
+
+    Keys ``b{k}_pred``, ``b{k}_truth`` and ``b{k}_error_rel`` = |pred - truth| / max(truth, 1)
+    for k = 0 (pores), 1 (tunnels), 2 (cavities); see :func:`~ctpore.data.topology.betti_numbers`.
+    An Euler error can cancel (pores lost against tunnels lost); these cannot.
+
+    Examples
+    --------
+    >>> t = np.zeros((3, 5, 5), np.uint8); t[1, 1:4, 1:4] = 1; t[1, 2, 2] = 0   # a ring: b1 = 1
+    >>> p = t.copy(); p[1, 2, 2] = 1                                          # filled: b1 = 0
+    >>> m = betti_comparison(p, t); m["b1_truth"], m["b1_pred"], m["b1_error_rel"]
+    (1, 0, 1.0)
+    """
+    bp, bt = betti_numbers(pred), betti_numbers(truth)
+    out: dict[str, int | float] = {}
+    for k in range(3):
+        out[f"b{k}_pred"], out[f"b{k}_truth"] = int(bp[k]), int(bt[k])
+        out[f"b{k}_error_rel"] = float(abs(bp[k] - bt[k]) / max(bt[k], 1))
+    return out
+
+
 def comparison_metrics(
-    pred: np.ndarray, truth: np.ndarray, prob: np.ndarray | None = None
+    pred: np.ndarray, truth: np.ndarray, prob: np.ndarray | None = None, betti: bool = False
 ) -> dict[str, float | int]:
     """Compare a predicted pore volume with the ground truth.
 
@@ -107,6 +132,8 @@ def comparison_metrics(
         perfectly), ``porosity_error`` = |φ_pred - φ_truth|, ``euler_error_rel`` =
         |χ_pred - χ_truth| / max(|χ_truth|, 1) (26-connectivity), ``euler_number_pred``,
         ``euler_number_truth``, ``porosity_pred``, ``porosity_truth``. Plain Python numbers.
+        With ``betti``, also the Betti numbers of both and their relative errors
+        (:func:`betti_comparison`).
 
     Raises
     ------
@@ -152,7 +179,7 @@ def comparison_metrics(
     phi_p, phi_t = n_p / t.size, n_t / t.size
     chi_p = euler_from_histogram(configuration_histogram(p), 26)
     chi_t = euler_from_histogram(configuration_histogram(t), 26)
-    return {
+    out = {
         "mse": mse,
         "dice": float(dice),
         "iou": float(iou),
@@ -163,6 +190,9 @@ def comparison_metrics(
         "porosity_pred": float(phi_p),
         "porosity_truth": float(phi_t),
     }
+    if betti:
+        out.update(betti_comparison(p, t))
+    return out
 
 
 def _mse(prob: np.ndarray, truth: np.ndarray) -> float:

@@ -18,6 +18,7 @@ from ctpore.data.binary import as_volume, check_connectivity, check_spacing
 from ctpore.data.topology import (
     SLAB_VOXELS,
     edge_correction_faces,
+    betti_numbers,  # noqa: F401 (the examples use it)
     euler_from_histogram,
     euler_number,  # noqa: F401 (the examples use it)
     n_components,  # noqa: F401 (the examples use it)
@@ -50,6 +51,7 @@ class SlabComponents:
         self._prev: np.ndarray | None = None  # global labels of the last slice added
         self._parent = np.zeros(1, np.int64)  # label 0: background
         self._size = np.zeros(1, np.int64)
+        self._border = np.zeros(1, bool)  # the label has a voxel on a side face or on the first slice
         self._unions = 0
 
     @property
@@ -70,6 +72,13 @@ class SlabComponents:
         first = self.n_labels + 1
         self._parent = np.concatenate([self._parent, np.arange(first, first + n)])
         self._size = np.concatenate([self._size, np.bincount(labels.ravel(), minlength=first + n)[first:]])
+        border = np.zeros(n, bool)
+        faces = [labels[:, 0], labels[:, -1], labels[:, :, 0], labels[:, :, -1]]
+        if not self._offsets[:-1]:  # the first slab: its first slice is a face of the volume
+            faces.append(labels[0])
+        on_face = np.concatenate([f.ravel() for f in faces])
+        border[on_face[on_face > 0] - first] = True
+        self._border = np.concatenate([self._border, border])
         if self._prev is not None and n:
             below, above = self._prev, labels[0]
             yn, xn = below.shape
@@ -88,6 +97,7 @@ class SlabComponents:
                         lo, hi = min(ri, rj), max(ri, rj)
                         self._parent[hi] = lo
                         self._size[lo] += self._size[hi]
+                        self._border[lo] |= self._border[hi]
                         self._unions += 1
         self._prev = labels[-1]
 
@@ -102,6 +112,20 @@ class SlabComponents:
     def n_components(self) -> int:
         """Number of components of everything added."""
         return self.n_labels - self._unions
+
+    def n_enclosed(self) -> int:
+        """Number of components that touch no face of the volume (the first and last slices and
+        the four sides of every slab): for the solid phase, the cavities of the pore phase."""
+        if self._prev is None:
+            return 0
+        roots = self.roots()
+        touching = np.zeros(len(roots), bool)
+        touching[roots[self._border]] = True
+        last = self._prev[self._prev > 0]
+        touching[roots[last]] = True  # the last slice added is a face too
+        own = roots == np.arange(len(roots))
+        own[0] = False
+        return int(np.count_nonzero(own & ~touching))
 
     def roots(self) -> np.ndarray:
         """The root of every label (index = label; 0 stays 0)."""
@@ -143,6 +167,8 @@ class StreamingTopology:
     ...     st.add(vol[z:z + 4])
     >>> st.euler_number(26) == euler_number(vol), st.n_components() == n_components(vol)
     (True, True)
+    >>> st.betti_numbers() == betti_numbers(vol)
+    True
     """
 
     def __init__(self, components: bool = True):
@@ -152,6 +178,7 @@ class StreamingTopology:
         self._first: np.ndarray | None = None
         self._sides: list[tuple[np.ndarray, ...]] = []  # per slab: (ylo, yhi, xlo, xhi)
         self._components = SlabComponents(26) if components else None
+        self._solid = SlabComponents(6) if components else None  # for the cavities (b2)
         self.n_pore_voxels = 0
 
     def add(self, slab: np.ndarray) -> None:
@@ -172,6 +199,7 @@ class StreamingTopology:
         self.n_pore_voxels += int(np.count_nonzero(s))
         if self._components is not None:
             self._components.add(s)
+            self._solid.add(s == 0)
         self._prev = s[-1].copy()
         self.shape[0] += n
 
@@ -188,6 +216,13 @@ class StreamingTopology:
         if self._components is None:
             raise ValueError("this StreamingTopology was made with components=False")
         return self._components.n_components()
+
+    def betti_numbers(self) -> tuple[int, int, int]:
+        """``(b0, b1, b2)`` of the pore phase, as :func:`~ctpore.data.topology.betti_numbers`:
+        pores, tunnels (b0 + b2 - χ) and cavities (solid components that touch no face)."""
+        b0 = self.n_components()
+        b2 = self._solid.n_enclosed()
+        return b0, b0 + b2 - self.euler_number(26), b2
 
     def connectivity_density(self, spacing_mm: Sequence[float] = (1.0, 1.0, 1.0)) -> float:
         """BoneJ connectivity density per mm³, as :func:`connectivity_density`."""

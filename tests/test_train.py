@@ -122,7 +122,7 @@ def test_batch_context_window_holds_the_labelled_crop(context):
     cfg = config_from_dict({**TINY, "data": {**TINY["data"], "augment": False,
                                               "context": context}})
     for step in range(5):
-        x, y, _z, (mt, mb, ml, mr) = make_batch(pool, cfg, step)
+        x, y, _z, (mt, mb, ml, mr), _skel = make_batch(pool, cfg, step)
         assert y.shape == (2, 8, 12, 12)
         assert x.shape == (2, 8, 12 + mt + mb, 12 + ml + mr)
         assert x.shape[2] == min(12 + 2 * context, 20) and x.shape[3] == min(12 + 2 * context, 18)
@@ -152,7 +152,8 @@ def test_shipped_weights_were_trained_by_the_config_in_configs(name, config):
     from pathlib import Path
 
     from ctpore.models.weights import read_metadata
-    from ctpore.pipelines.train import DATA_KEYS_ADDED, config_to_dict, data_config_hash, load_train_config
+    from ctpore.pipelines.train import (DATA_KEYS_ADDED, LOSS_KEYS_ADDED, config_to_dict, data_config_hash,
+                                        load_train_config)
 
     root = Path(__file__).resolve().parent.parent
     weights = root / "models" / "weights" / f"{name}.safetensors"
@@ -162,6 +163,7 @@ def test_shipped_weights_were_trained_by_the_config_in_configs(name, config):
     cfg = load_train_config(root / "configs" / f"{config}.yaml")
     stored = json.loads(meta["train_config"])
     stored["data"] = {**DATA_KEYS_ADDED, **stored["data"]}  # keys added after it was written
+    stored["loss"] = {**LOSS_KEYS_ADDED, **stored["loss"]}
     assert stored == config_to_dict(cfg)
     assert meta["data_config_sha256"] == data_config_hash(cfg)
     assert int(meta["steps"]) == cfg.steps

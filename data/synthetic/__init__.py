@@ -27,6 +27,7 @@ Rooms
 ``fields``      random fields, quantile thresholds, anisotropy, the checks the others share.
 ``structures``  the four pore families on a fine grid (:func:`make_structure`).
 ``scanner``     the scanner model (:class:`ScannerParams`, :func:`scan_structure`, :func:`scan_label`).
+``small_pores`` small isolated pores added to a structure (:func:`draw_small_pores`).
 ``pairs``       a scan with its truth from one seed (:func:`make_pair`), feature zoom
                 (:func:`draw_zoom`), datasets on disk (:func:`write_pairs`).
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 from ctpore.data.synthetic.pairs import VOXEL_SIZE_MM, check_zoom, draw_zoom, make_pair, pair_seed, write_pairs
 from ctpore.data.synthetic.scanner import ScannerParams, scan_label, scan_structure
+from ctpore.data.synthetic.small_pores import draw_small_pores
 from ctpore.data.synthetic.structures import FAMILIES, make_structure
 
 __all__ = [
@@ -56,5 +58,6 @@ __all__ = [
     "check_zoom",
     "pair_seed",
     "write_pairs",
+    "draw_small_pores",
     "VOXEL_SIZE_MM",
 ]

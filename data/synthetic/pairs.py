@@ -14,6 +14,7 @@ from scipy import ndimage as ndi
 from ctpore.atomic import atomic_write
 from ctpore.data.synthetic.fields import check_porosity, check_shape
 from ctpore.data.synthetic.scanner import ScannerParams, scan_structure
+from ctpore.data.synthetic.small_pores import add_small_pores
 from ctpore.data.synthetic.structures import FAMILIES, build_structure
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
@@ -73,6 +74,7 @@ def make_pair(
     family: Optional[str] = None,
     porosity: Optional[float] = None,
     zoom: float = 1.0,
+    small_pores: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """One scan with its truth, a pure function of ``seed`` (and ``zoom``).
 
@@ -93,6 +95,10 @@ def make_pair(
         voxel. 1 (the default): the structure is built at ``shape`` directly. The scan shows the
         leading corner of the enlarged structure, so its porosity is that corner's: within a few
         hundredths of the one asked (``info["porosity_truth"]`` is exact).
+    small_pores : bool
+        Add small isolated pores (1.1 to 2 voxels in radius) to the solid before the scan
+        (:func:`~ctpore.data.synthetic.small_pores.add_small_pores`, drawn from their own stream, so
+        the rest of the pair is the same as without them). ``info["small_pores"]`` says how many.
 
     Returns
     -------
@@ -120,6 +126,9 @@ def make_pair(
         small = tuple(max(8, math.ceil(s / zoom)) for s in shape)
         fine_small, meta = build_structure(fam, small, por, rng, oversample, None, None)
         fine = _zoom_fine(fine_small, tuple(s * oversample for s in shape), zoom)
+    n_small = 0
+    if small_pores:
+        fine, n_small = add_small_pores(fine, oversample, seed)
     scan, truth = scan_structure(fine, oversample, rng, params)
     info = {
         "family": fam,
@@ -132,6 +141,8 @@ def make_pair(
         "oversample": oversample,
         "zoom": zoom,
     }
+    if small_pores:
+        info["small_pores"] = n_small
     return scan, truth, info
 
 

@@ -18,6 +18,7 @@ from ctpore.data.splits import BENCH_SEED_BASE, SEED_STRIDE, VAL_OFFSET
 from ctpore.pipelines.train.batches import MAX_Z0, Pool, labelled_pool, make_batch, simulated_pool
 from ctpore.pipelines.train.config import (
     DATA_KEYS_ADDED,
+    LOSS_KEYS_ADDED,
     DataConfig,
     LossConfig,
     TrainConfig,
@@ -46,6 +47,7 @@ __all__ = [
     "make_batch",
     "simulated_pool",
     "DATA_KEYS_ADDED",
+    "LOSS_KEYS_ADDED",
     "DataConfig",
     "LossConfig",
     "TrainConfig",

@@ -19,6 +19,7 @@ import yaml
 
 from ctpore.data.splits import check_config_seeds
 from ctpore.data.synthetic import check_zoom
+from ctpore.data.synthetic.small_pores import check_fraction
 from ctpore.errors import InputError
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "LossConfig",
     "TrainConfig",
     "DATA_KEYS_ADDED",
+    "LOSS_KEYS_ADDED",
     "load_train_config",
     "config_from_dict",
     "config_to_dict",
@@ -44,11 +46,17 @@ class DataConfig:
     context: int = 0                 # extra in-plane pixels read around each crop as input only
     augment: bool = True             # MONAI flips, in-plane 90° turns, intensity/gamma/noise changes
     zoom_max: float = 1.0            # half the simulated scans have features enlarged up to this factor
+    small_pores: float = 0.0         # share of simulated scans given small isolated pores (1.1-2 voxels in radius)
+    throat_crops: float = 0.0        # share of training crops placed on a throat (a 1-3-voxel neck of either phase)
 
 
 #: DataConfig keys added after weights and checkpoints were first written, at the value that means
 #: "the same data as before": a stored config without them has these, and the data hash omits them.
-DATA_KEYS_ADDED = {"context": 0, "zoom_max": 1.0}
+DATA_KEYS_ADDED = {"context": 0, "zoom_max": 1.0, "small_pores": 0.0, "throat_crops": 0.0}
+
+#: LossConfig keys added after weights and checkpoints were first written, at the value that means
+#: "the same loss as before".
+LOSS_KEYS_ADDED = {"skeleton_recall": 0.0}
 
 
 @dataclass
@@ -57,6 +65,7 @@ class LossConfig:
     dice: float = 1.0                # weight of soft Dice loss
     cldice: float = 0.5              # weight of soft clDice (0 = off)
     cldice_iters: int = 3            # soft-skeleton iterations
+    skeleton_recall: float = 0.0     # weight of skeleton recall on pores and solid (0 = off)
 
 
 @dataclass
@@ -139,6 +148,10 @@ def config_from_dict(raw: dict, path=None) -> TrainConfig:
     cfg.data, cfg.loss = data, loss
     try:
         data.zoom_max = check_zoom(data.zoom_max, "data.zoom_max")
+        data.small_pores = check_fraction(data.small_pores, "data.small_pores")
+        data.throat_crops = check_fraction(data.throat_crops, "data.throat_crops")
+        if not (isinstance(loss.skeleton_recall, (int, float)) and loss.skeleton_recall >= 0):
+            raise InputError(f"loss.skeleton_recall must be a weight >= 0, got {loss.skeleton_recall!r}")
     except InputError as exc:
         raise InputError(exc.message, path=path) from None
     check_config_seeds(data.seed, data.n_train, data.n_val, path)  # before any scan is simulated

@@ -31,8 +31,9 @@ from ctpore.models.poreformer import PoreFormer
 from ctpore.models.poreformer_config import PoreFormerConfig
 from ctpore.models.unet import build_unet
 from ctpore.models.weights import load_checkpoint, save_checkpoint
-from ctpore.pipelines.train.batches import Pool, labelled_pool, make_augmenter, make_batch, simulated_pool
-from ctpore.pipelines.train.config import DATA_KEYS_ADDED, TrainConfig, config_to_dict
+from ctpore.pipelines.train.batches import (Pool, add_topology_targets, labelled_pool, make_augmenter, make_batch,
+                                            simulated_pool)
+from ctpore.pipelines.train.config import DATA_KEYS_ADDED, LOSS_KEYS_ADDED, TrainConfig, config_to_dict
 from ctpore.progress import ProgressFn
 
 __all__ = ["build_model", "predict_full", "attention_entropy", "validate", "TrainResult", "lr_at", "train"]
@@ -78,13 +79,16 @@ def attention_entropy(model: nn.Module, x: torch.Tensor) -> Optional[list]:
 
 
 def validate(model: nn.Module, pool: Pool, device) -> dict:
+    """Mean MSE, Dice, porosity error and relative errors of the Euler number and of the Betti
+    numbers b0 (pores) and b1 (tunnels) over the validation scans, thresholded at 0.5."""
     model.eval()
     rows = []
     for scan, truth in zip(pool.scans, pool.truths):
         prob = predict_full(model, scan, device)
-        rows.append(comparison_metrics((prob >= 0.5).astype(np.uint8), truth.astype(np.uint8), prob=prob))
+        rows.append(comparison_metrics((prob >= 0.5).astype(np.uint8), truth.astype(np.uint8), prob=prob,
+                                       betti=True))
     model.train()
-    keys = ("mse", "dice", "euler_error_rel", "porosity_error")
+    keys = ("mse", "dice", "euler_error_rel", "porosity_error", "b0_error_rel", "b1_error_rel")
     return {f"val_{k}": float(np.mean([r[k] for r in rows])) for k in keys}
 
 
@@ -150,6 +154,9 @@ def train(
         train_pool = simulated_pool(cfg.data, progress=progress)
         val_pool = simulated_pool(cfg.data, val=True, progress=progress)
 
+    need_skeletons = cfg.loss.skeleton_recall > 0
+    if need_skeletons or cfg.data.throat_crops > 0:
+        add_topology_targets(train_pool, progress)
     model = build_model(cfg).to(dev)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -161,12 +168,13 @@ def train(
     start = 0
     if resume and ckpt.exists():
         start, history, saved_cfg = load_checkpoint(ckpt, model, opt)
-        saved_cfg = {**saved_cfg, "data": {**DATA_KEYS_ADDED, **saved_cfg.get("data", {})}}
+        saved_cfg = {**saved_cfg, "data": {**DATA_KEYS_ADDED, **saved_cfg.get("data", {})},
+                     "loss": {**LOSS_KEYS_ADDED, **saved_cfg.get("loss", {})}}
         # ``threads`` is how the run is executed, not what it computes: it may change on resume.
         if {**saved_cfg, "threads": 0} != {**config_to_dict(cfg), "threads": 0}:
             raise InputError("this run folder holds a checkpoint of a different config; use another "
                              "--run-dir or --no-resume", path=ckpt)
-    augment = make_augmenter() if cfg.data.augment else None
+    augment = make_augmenter(skeletons=need_skeletons) if cfg.data.augment else None
     use_amp = cfg.amp and dev.type == "cuda"
 
     step = start
@@ -175,7 +183,7 @@ def train(
         torch.manual_seed(cfg.seed * 1_000_003 + step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        x, y, z_first, margins = make_batch(train_pool, cfg, step, augment)
+        x, y, z_first, margins, skel = make_batch(train_pool, cfg, step, augment, skeletons=need_skeletons)
         x, y = x.to(dev), y.to(dev)
         # PoreFormer makes tokens for the crop only and reads the margins as context; a U-Net
         # runs on the whole window and its logits are cropped: both see the same input.
@@ -190,7 +198,7 @@ def train(
             raise NonFiniteError(f"step {step}: {exc}; training stopped (lower the learning rate "
                                  "or check the data)") from None
         logits = logits.float()
-        terms = loss_terms(logits, y, cfg.loss)
+        terms = loss_terms(logits, y, cfg.loss, None if skel is None else skel.to(dev))
         loss = total_loss(terms, cfg.loss)
         check_finite(step, logits=logits, **{f"loss term '{k}'": v for k, v in terms.items()})
         opt.zero_grad(set_to_none=True)
