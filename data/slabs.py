@@ -52,6 +52,7 @@ class SlabComponents:
         self._parent = np.zeros(1, np.int64)  # label 0: background
         self._size = np.zeros(1, np.int64)
         self._border = np.zeros(1, bool)  # the label has a voxel on a side face or on the first slice
+        self._peak = np.full(1, -np.inf)  # the largest value given to :meth:`add` over the label's voxels
         self._unions = 0
 
     @property
@@ -65,8 +66,9 @@ class SlabComponents:
         labels[labels > 0] += first
         return labels, n
 
-    def add(self, mask: np.ndarray) -> None:
-        """The next ``(n, Y, X)`` slab (bool or 0/1)."""
+    def add(self, mask: np.ndarray, values: np.ndarray | None = None) -> None:
+        """The next ``(n, Y, X)`` slab (bool or 0/1); ``values`` (same shape), when given, feed
+        each component's peak (:meth:`peak_below`)."""
         labels, n = self._label(mask)
         self._offsets.append(self.n_labels)
         first = self.n_labels + 1
@@ -79,6 +81,12 @@ class SlabComponents:
         on_face = np.concatenate([f.ravel() for f in faces])
         border[on_face[on_face > 0] - first] = True
         self._border = np.concatenate([self._border, border])
+        peak = np.full(n + 1, -np.inf)  # index 0: the background
+        if values is not None and n:
+            local = labels - (first - 1)
+            np.maximum(local, 0, out=local)
+            np.maximum.at(peak, local.ravel(), np.asarray(values, np.float64).ravel())
+        self._peak = np.concatenate([self._peak, peak[1:]])
         if self._prev is not None and n:
             below, above = self._prev, labels[0]
             yn, xn = below.shape
@@ -98,6 +106,7 @@ class SlabComponents:
                         self._parent[hi] = lo
                         self._size[lo] += self._size[hi]
                         self._border[lo] |= self._border[hi]
+                        self._peak[lo] = max(self._peak[lo], self._peak[hi])
                         self._unions += 1
         self._prev = labels[-1]
 
@@ -140,6 +149,13 @@ class SlabComponents:
         """Bool per label: its component has fewer than ``min_size`` voxels (label 0: False)."""
         roots = self.roots()
         out = self._size[roots] < min_size
+        out[0] = False
+        return out
+
+    def peak_below(self, level: float) -> np.ndarray:
+        """Bool per label: the largest value its component was given is below ``level`` (label 0:
+        False)."""
+        out = self._peak[self.roots()] < level
         out[0] = False
         return out
 

@@ -17,13 +17,13 @@ import functools
 import hashlib
 import json
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ctpore.atomic import atomic_write
+from ctpore.data.postprocess import Postprocessing
 from ctpore.errors import InputError
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "load_checkpoint",
     "load_for_inference",
     "load_model",
+    "load_network",
     "load_unet",
     "read_metadata",
     "read_postprocessing",
@@ -327,24 +328,13 @@ def load_unet(path: str | Path) -> torch.nn.Module:
     return model.eval()
 
 
-@dataclass
-class Postprocessing:
-    """What turns a network's probabilities into the outputs, chosen on validation scans at export.
-
-    Attributes
-    ----------
-    threshold : float
-        Pores are ``raw probability >= threshold``.
-    min_size : int
-        Pore components and solid islands smaller than this (voxels) are removed (0: none).
-    calibration : dict or None
-        The monotone map applied to the probability map (``{"x", "y", "n"}``, see
-        :mod:`ctpore.data.calibration`); None: probabilities as the network gives them.
-    """
-
-    threshold: float = 0.5
-    min_size: int = 0
-    calibration: dict | None = None
+def load_network(path: str | Path, device: str | torch.device | None = None) -> torch.nn.Module:
+    """The network of any weights file this project writes (PoreFormer or a U-Net), in eval mode."""
+    meta = read_metadata(path)
+    if meta.get("format") == FORMAT:
+        return load_model(path, device=device)
+    model = load_unet(path)
+    return model if device is None else model.to(device)
 
 
 def read_postprocessing(path: str | Path, meta: dict | None = None) -> Postprocessing:
@@ -360,25 +350,10 @@ def read_postprocessing(path: str | Path, meta: dict | None = None) -> Postproce
     Raises
     ------
     InputError
-        For a malformed stored calibration; the message says how to refit it.
+        For a malformed stored value; the message says how to refit it.
     """
     meta = read_metadata(path) if meta is None else meta
-    try:
-        raw = meta.get("calibration")
-        cal = None
-        if raw not in (None, "", "null"):
-            cal = json.loads(raw) if isinstance(raw, str) else raw
-            x, y = cal.get("x"), cal.get("y")
-            if not x or not y or len(x) != len(y):
-                raise ValueError("the stored calibration needs x and y of equal, non-zero length")
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise InputError(f"the stored probability calibration is malformed ({exc}); "
-                         "refit it with ctpore.pipelines.train.refit_postprocessing", path=path) from None
-    return Postprocessing(
-        threshold=float(meta.get("threshold", 0.5)),
-        min_size=int(meta.get("min_size", 0)),
-        calibration=cal,
-    )
+    return Postprocessing.from_metadata(meta, path)
 
 
 def load_for_inference(path: str | Path | None = None, device: str | torch.device | None = None,

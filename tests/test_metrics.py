@@ -451,7 +451,10 @@ def test_volume_metrics_keys_types_and_values():
         "euler_number_6",
         "connectivity_density_per_mm3",
         "n_pores",
+        "n_tunnels",
+        "n_cavities",
     }
+    assert m["n_tunnels"] == 0 and m["n_cavities"] == 0  # three solid-free blobs: no loop, no cavity
     assert type(m["porosity"]) is float and type(m["connectivity_density_per_mm3"]) is float
     assert type(m["euler_number"]) is int and type(m["euler_number_6"]) is int
     assert type(m["n_pores"]) is int
