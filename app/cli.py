@@ -53,16 +53,43 @@ def _rdefault(key):
 _SHOWN_DEFAULTS = {"method": "auto", "device": "cpu", "memory_gb": "1.5", "precision": "auto"}
 
 
+class _MethodChoice(click.Choice):
+    """``--method``'s choices: ``auto`` and every registered method (and their older names), read
+    from the registry when the command runs, so a method registered after import is a choice too."""
+
+    def __init__(self):
+        super().__init__([])
+
+    @property
+    def choices(self):
+        from ctpore.pipelines.methods import METHODS, method_names
+
+        return tuple(method_names(auto=True) + [a for s in METHODS.values() for a in s.aliases])
+
+    @choices.setter
+    def choices(self, value):
+        pass
+
+
+def _method_choice() -> click.Choice:
+    return _MethodChoice()
+
+
+def _method_help() -> str:
+    from ctpore.pipelines.methods import METHODS
+
+    return ("auto = poreformer when its weights are installed, else otsu. "
+            + "; ".join(f"{s.name}: {s.description}" for s in METHODS.values()) + ".")
+
+
 @cli.command()
 @click.argument("scans", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
          help="Output folder (created if missing).")
 @_option("--method", default=lambda: _rdefault("method"), show_default=_SHOWN_DEFAULTS["method"],
-         type=click.Choice(["auto", "poreformer", "otsu", "plain-otsu"]),
-         help="auto = PoreFormer when weights are installed, else otsu (median + Otsu + speck removal); "
-              "plain-otsu: Otsu alone.")
+         type=_method_choice(), help=_method_help())
 @_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
-         help="PoreFormer weights (.safetensors).")
+         help="The method's weights (.safetensors), for the learned methods.")
 @_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis", help=_SLICE_AXIS_HELP)
 @_option("--truth", type=click.Path(path_type=Path), default=None, show_default="none",
          help="Ground-truth pores (1 = pore) to add MSE, Dice and Euler error to the metrics (one SCAN only).")
@@ -83,8 +110,11 @@ _SHOWN_DEFAULTS = {"method": "auto", "device": "cpu", "memory_gb": "1.5", "preci
 @_option("--attention-backend", default=None, type=click.Choice(["auto", "flash", "sdpa", "math"]),
          show_default="the one stored with the weights",
          help="Override the weights' attention backend (the metrics report the one that ran).")
+@_option("--min-pore-voxels", default=None, type=click.IntRange(0), show_default="off",
+         help="Also remove pore components smaller than this many voxels (a size rule of your own, on top of "
+              "the method's post-processing; recorded in the metrics).")
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, chunk_slices,
-                tile, precision, attention_backend):
+                tile, precision, attention_backend, min_pore_voxels):
     """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
@@ -94,10 +124,10 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
     and the other scans go on. Every file is written whole or not at all (a temporary file, then
     a rename), the metrics file last, so a metrics file means a complete set.
 
-    Memory: with PoreFormer the whole process is bounded by --memory-gb (default 1.5 GB): the
-    scan is streamed from disk slab by slab, and a larger budget allows larger tiles and chunks.
-    The otsu methods hold the whole scan in memory, whatever --memory-gb says. Time grows with
-    the number of voxels (slices x rows x columns); with a CUDA GPU, use --device cuda. See
+    Memory: the whole process is bounded by --memory-gb (default 1.5 GB): the scan is streamed
+    from disk slab by slab, and a larger budget allows larger tiles and chunks. The U-Net
+    baselines hold the whole scan in memory, whatever --memory-gb says. Time grows with the
+    number of voxels (slices x rows x columns); with a CUDA GPU, use --device cuda. See
     docs/performance.md for measured figures.
 
     Exit codes: 0 done; 2 bad input or usage (one line on stderr per bad scan, naming the file);
@@ -115,6 +145,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                     scan, outdir, method, overwrite=overwrite, weights=weights, device=device,
                     slice_axis=slice_axis, truth=truth, chunk_slices=chunk_slices, tile=tile, progress=bar,
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
+                    min_pore_voxels=min_pore_voxels,
                 )
         except InputError as exc:
             _error(str(exc))
@@ -143,10 +174,9 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
          help="Times a scan is tried again when its worker dies (never for bad input).")
 @_option("--part", default=None, show_default="the whole manifest",
          help="Do only share I/N of the manifest (every N-th scan from the I-th), for job arrays.")
-@_option("--method", default="auto", show_default=True,
-         type=click.Choice(["auto", "poreformer", "otsu", "plain-otsu"]), help="As for reconstruct.")
+@_option("--method", default="auto", show_default=True, type=_method_choice(), help="As for reconstruct.")
 @_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
-         help="PoreFormer weights (.safetensors).")
+         help="The method's weights (.safetensors), for the learned methods.")
 @_option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default=_SHOWN_DEFAULTS["memory_gb"],
          type=click.FloatRange(0.25), help="Memory budget of each worker's scan (GB), as reconstruct's.")
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb):

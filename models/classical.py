@@ -49,7 +49,8 @@ def otsu_segment(
     min_size: int = 0,
     chunk_slices: int = 32,
     progress: ProgressFn = None,
-) -> tuple[np.ndarray, float]:
+    out=None,
+) -> tuple[np.ndarray | None, float]:
     """Segment pores (dark) with a global Otsu threshold, optionally filtered and cleaned.
 
     Parameters
@@ -65,11 +66,15 @@ def otsu_segment(
         Slices read at a time.
     progress : callable, optional
         ``progress(done, total, stage)``.
+    out : array-like, optional
+        Where to write the pores instead, chunk by chunk, as 0.0/1.0
+        (``out[z0:z1, 0:Y, 0:X] = block``; e.g. a volume spilled to disk); ``min_size`` must then
+        be 0 (speck removal is the caller's, slab by slab), and None is returned for the pores.
 
     Returns
     -------
-    pores : ndarray of uint8, shape (Z, Y, X)
-        1 = pore, 0 = solid.
+    pores : ndarray of uint8, shape (Z, Y, X), or None
+        1 = pore, 0 = solid (None when written to ``out``).
     threshold : float
         The Otsu threshold, in the units of ``volume``.
 
@@ -103,8 +108,14 @@ def otsu_segment(
         step += 1
         if progress is not None:
             progress(step, n_steps, "otsu: range")
+    if out is not None and min_size > 1:
+        raise ValueError("otsu_segment writes to out without speck removal: remove specks slab by slab")
     if not vmax > vmin:
         # A constant volume has no threshold; call it all solid.
+        if out is not None:
+            for start, stop in chunks:
+                out[start:stop, 0:y, 0:x] = np.zeros((stop - start, y, x), np.float32)
+            return None, vmin
         return np.zeros((z, y, x), np.uint8), vmin
     counts = np.zeros(N_BINS, np.int64)
     edges = np.linspace(vmin, vmax, N_BINS + 1)
@@ -114,10 +125,13 @@ def otsu_segment(
     centers = 0.5 * (edges[:-1] + edges[1:])
     threshold = float(threshold_otsu(hist=(counts, centers)))
 
-    pores = np.empty((z, y, x), np.uint8)
+    pores = np.empty((z, y, x), np.uint8) if out is None else None
     for i, (start, stop) in enumerate(chunks):
         block = cache[i] if keep_cache else read(start, stop)
-        pores[start:stop] = block <= threshold
+        if out is None:
+            pores[start:stop] = block <= threshold
+        else:
+            out[start:stop, 0:y, 0:x] = (block <= threshold).astype(np.float32)
         step += 1
         if progress is not None:
             progress(step, n_steps, "otsu: threshold")

@@ -264,8 +264,8 @@ def run_batch(
     """
     from distributed import as_completed
 
-    from ctpore.models.weights import default_weights_path, sha256_file
-    from ctpore.pipelines.reconstruct import resolve_method
+    from ctpore.models.weights import sha256_file, weights_dir
+    from ctpore.pipelines.methods import get_method, resolve_method
 
     manifest = Path(manifest)
     outdir = Path(outdir)
@@ -276,10 +276,11 @@ def run_batch(
     _stem_collisions(tasks, manifest)
     method = resolve_method(options.get("method", "auto"), options.get("weights"))
     weights_sha = None
-    if method == "poreformer":
-        wpath = options.get("weights") or default_weights_path()
-        if wpath is None or not Path(wpath).is_file():
-            raise InputError("no such weights file", wpath or "models/weights/poreformer.safetensors")
+    spec = get_method(method)
+    if spec.weights is not None:  # a learned method: the weights that made the outputs decide what is done
+        wpath = options.get("weights") or weights_dir() / spec.weights
+        if not Path(wpath).is_file():
+            raise InputError("no such weights file", wpath)
         weights_sha = sha256_file(wpath)
     options["method"] = method
     key = _options_key(options, weights_sha)

@@ -9,7 +9,8 @@ import numpy as np
 
 from ctpore.errors import InputError
 from ctpore.data.io import load_scan, read_label, read_volume
-from ctpore.data.metrics import check_binary, comparison_metrics, volume_metrics
+from ctpore.data.metrics import MetricsAccumulator, check_binary
+from ctpore.data.postprocess import whole_slab
 
 #: ``mse_of`` when the MSE is of the probability map (the MSE of the metrics files and benchmarks).
 MSE_OF_PROBABILITY = "probability"
@@ -33,19 +34,31 @@ def evaluate(pred, truth, prob=None, spacing_mm=(1.0, 1.0, 1.0)) -> dict:
     Returns
     -------
     dict
-        The volume metrics of ``pred`` (porosity, Euler numbers, connectivity density, n_pores)
-        and the comparison (mse, dice, iou, porosity_error, euler_error_rel, ...), with
+        The keys ``ctpore reconstruct`` writes with a truth (one :class:`MetricsAccumulator`, so the
+        same figures): the volume metrics of ``pred`` (porosity, Euler numbers, connectivity
+        density, pores, tunnels and cavities) and the comparison (mse, dice, iou, porosity_error,
+        euler_error_rel, the Betti numbers of both and their relative errors, ...), with
         ``mse_of`` saying which volume the MSE is of: :data:`MSE_OF_PROBABILITY`
         (``"probability"``) or :data:`MSE_OF_BINARY` (``"binary pores"``).
     """
     pred = check_binary(np.asarray(pred), what="prediction")
     truth = check_binary(np.asarray(truth), what="ground truth")
+    if truth.shape != pred.shape:
+        raise InputError(f"prediction and truth must have the same shape, got prediction {pred.shape} "
+                         f"and truth {truth.shape}")
+    if pred.ndim != 3:
+        raise InputError(f"prediction must be a 3D (Z, Y, X) volume, got shape {pred.shape}")
     if prob is not None:
         prob = np.asarray(prob, dtype=np.float32)
         if prob.shape != pred.shape:
             raise InputError(f"probability shape {prob.shape} differs from prediction shape {pred.shape}")
-    out = volume_metrics(pred, spacing_mm)
-    for k, v in comparison_metrics(pred, truth, prob=prob).items():
+    acc = MetricsAccumulator(pred.shape, spacing_mm, truth=True)
+    step = whole_slab(pred.shape)
+    for z0 in range(0, pred.shape[0], step):
+        sl = slice(z0, z0 + step)
+        acc.add(pred[sl], None if prob is None else prob[sl], truth[sl])
+    out = {}
+    for k, v in acc.result().items():
         out[k] = v
         if k == "mse":  # say which volume the MSE is of, right beside it
             out["mse_of"] = MSE_OF_PROBABILITY if prob is not None else MSE_OF_BINARY

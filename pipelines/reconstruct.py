@@ -1,22 +1,31 @@
-"""Scan -> pore probability, pore volume and metrics.
+"""Scan -> pore probability, pore volume and metrics: the one reconstruct pipeline.
 
-:func:`reconstruct` works in memory and returns a :class:`Reconstruction`;
-:func:`reconstruct_file` does the same for a file on disk and writes the outputs that
-``ctpore reconstruct`` promises (``<stem>_pores.nii.gz``, ``<stem>_prob.nii.gz``,
-``<stem>_metrics.json``, each whole or not at all, the metrics last).
+Every entry goes through :func:`run_reconstruction`: the Python API (:func:`reconstruct`, arrays
+back), ``ctpore reconstruct`` and ``ctpore batch`` (:func:`reconstruct_file`, files written), and
+the napari plugin, for every method of :mod:`ctpore.pipelines.methods` and every slice axis. Its
+steps:
 
-Methods
--------
-``poreformer``  the causal inter-slice attention model with the shipped (or given) weights.
-``otsu``        the pipeline users run in Fiji: 3x3x3 median, global Otsu, speck removal.
-``plain-otsu``  a bare global Otsu threshold (for comparison).
-``auto``        ``poreformer`` when weights are available, else ``otsu``.
+1. The scan's robust grey range (:mod:`ctpore.data.normalize`); a scan without contrast gets no
+   pores and a warning.
+2. The method's predictor writes the raw pore probabilities of the normalized scan into a volume
+   that waits on disk beside the outputs (:class:`~ctpore.pipelines.spill.BlockSpill`) or, for
+   arrays, into the probability array itself.
+3. The method's :class:`~ctpore.data.postprocess.Postprocessing` reads them back slab by slab
+   (threshold, component rules, calibration); each final slab goes to the sink (appended to the
+   output files, or into the arrays) and to one
+   :class:`~ctpore.data.metrics.MetricsAccumulator`, with the truth's slab when there is one.
+
+Memory is then the predictor's working set plus a few slabs, whatever the number of slices, and
+the figures equal those of the whole volume. The files a run writes are ``<stem>_pores.nii.gz``,
+``<stem>_prob.nii.gz`` and ``<stem>_metrics.json``, each whole or not at all, the metrics last.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -24,21 +33,22 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from ctpore.atomic import write_json_atomic
-from ctpore.data.calibration import apply_calibration
-from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan, read_label, save_volume
-from ctpore.data.metrics import comparison_metrics, volume_metrics
+from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan
+from ctpore.data.io.write import SlabWriter
+from ctpore.data.metrics import MetricsAccumulator
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
 from ctpore.errors import InputError
-from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
+from ctpore.pipelines.budget import plan_budget
+from ctpore.pipelines.methods import get_method, resolve_method
 from ctpore.pipelines.outputs import (check_outputs, finish_metrics, output_paths, output_set, remove_stale_temps,
                                       run_fields)
+from ctpore.pipelines.spill import BlockSpill, windowed
 from ctpore.progress import ProgressFn
-from ctpore.runtime import current_rss
 
-__all__ = ["METHODS", "DEFAULTS", "Reconstruction", "reconstruct", "reconstruct_file", "resolve_method",
-           "output_paths"]
+__all__ = ["DEFAULTS", "Reconstruction", "reconstruct", "reconstruct_file", "resolve_method", "build_predictor",
+           "run_reconstruction", "output_paths"]
 
-METHODS = ("auto", "poreformer", "otsu", "plain-otsu")
+PathLike = Union[str, os.PathLike]
 
 
 def _defaults() -> dict:
@@ -52,16 +62,9 @@ def _defaults() -> dict:
 #: Defaults for the command and the API (``configs/reconstruct.yaml``).
 DEFAULTS = _defaults()
 
-#: Scans up to this many bytes (as float32) are read into memory once before PoreFormer runs;
-#: larger ones are streamed from disk slice-chunk by chunk (once per in-plane tile).
+#: Scans up to this many bytes (as float32) are read into memory once before an in-memory run;
+#: larger ones are read window by window.
 IN_MEMORY_BYTES = 2 * 2**30
-
-#: Memory kept free of the plan for what the estimate does not see (allocator slack, metrics).
-_MARGIN_BYTES = 96 * 2**20
-
-#: The model's working memory when :func:`reconstruct` is given no whole-process budget.
-_API_MODEL_BYTES = 2**30
-
 
 
 def _auto(value):
@@ -76,7 +79,7 @@ class Reconstruction:
     Attributes
     ----------
     probability : ndarray of float32, shape (Z, Y, X)
-        Pore probability in [0, 1].
+        Pore probability in [0, 1] (a thresholding method's: its 0/1 pores).
     pores : ndarray of uint8, shape (Z, Y, X)
         1 = pore, 0 = solid.
     metrics : dict
@@ -92,18 +95,207 @@ class Reconstruction:
     geometry: Geometry
 
 
-def resolve_method(method: str, weights: Optional[Union[str, os.PathLike]] = None) -> str:
-    """Turn ``auto`` into a concrete method; check the name."""
-    if method not in METHODS:
-        raise InputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if method != "auto":
-        return method
-    from ctpore.models.weights import default_weights_path
-
-    return "poreformer" if (weights is not None or default_weights_path() is not None) else "otsu"
+def build_predictor(method: str, weights: Optional[PathLike] = None, device: str = "cpu",
+                    attention_backend: Optional[str] = None):
+    """The predictor of ``method`` (``auto`` resolved), its weights loaded."""
+    spec = get_method(resolve_method(method, weights))
+    return spec.factory(weights=weights, device=device, attention_backend=attention_backend)
 
 
-def _as_scan(scan, slice_axis, spacing_mm) -> tuple[Any, Geometry, Optional[Scan]]:
+# -- where the outputs go ----------------------------------------------------------------------
+
+
+class _ArraySink:
+    """Outputs into arrays; the probability array also holds the raw probabilities until they are
+    post-processed (in place, slab by slab, each slab read before it is written)."""
+
+    def __init__(self, shape):
+        self.prob = np.empty(shape, np.float32)
+        self.pores = np.empty(shape, np.uint8)
+
+    @contextmanager
+    def raw(self, folder):
+        yield self.prob
+
+    def read(self, raw, a: int, b: int) -> np.ndarray:
+        return raw[a:b].copy()
+
+    @contextmanager
+    def open(self):
+        yield self
+
+    def write(self, a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
+        self.pores[a:b] = pores
+        self.prob[a:b] = prob
+
+
+class _FileSink:
+    """Outputs appended slab by slab to ``paths["pores"]`` and ``paths["prob"]`` (NIfTI, in the
+    input's voxel order, each whole or not at all); the raw probabilities wait in a nameless file."""
+
+    def __init__(self, paths: dict, geometry: Geometry):
+        self.paths, self.geometry = paths, geometry
+        self._writers = None
+
+    @contextmanager
+    def raw(self, folder):
+        with BlockSpill(folder, self.geometry.shape) as spill:
+            yield spill
+
+    def read(self, raw, a: int, b: int) -> np.ndarray:
+        return raw.read(a, b)
+
+    @contextmanager
+    def open(self):
+        with SlabWriter(self.paths["pores"], self.geometry, np.uint8) as pores, \
+                SlabWriter(self.paths["prob"], self.geometry, np.float32) as prob:
+            self._writers = (pores, prob)
+            yield self
+        self._writers = None
+
+    def write(self, a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
+        self._writers[0].write(pores)
+        self._writers[1].write(prob)
+
+
+# -- the truth, slab by slab -------------------------------------------------------------------
+
+
+class _Truth:
+    """A ground truth read slab by slab (a file, or an in-memory array), checked to be 0/1."""
+
+    def __init__(self, truth, geometry: Geometry, slice_axis: Optional[int]):
+        self.path, self.scan, self.array = None, None, None
+        shape = tuple(geometry.shape)
+        if isinstance(truth, (str, os.PathLike)):
+            self.path = Path(truth)
+            axis = slice_axis if slice_axis is not None else (geometry.slice_axis if geometry.format == "nifti"
+                                                              else None)
+            self.scan = load_scan(truth, slice_axis=axis)
+            if tuple(self.scan.shape) != shape:
+                self.scan.close()
+                raise InputError(f"label shape (Z, Y, X) = {self.scan.shape} differs from the scan's {shape}",
+                                 self.path)
+        else:
+            self.array = np.asarray(truth)
+            if self.array.shape != shape:
+                raise InputError(f"prediction and truth must have the same shape, got prediction {shape} "
+                                 f"and truth {self.array.shape}")
+
+    def slab(self, a: int, b: int) -> np.ndarray:
+        t = self.scan.read_slices(a, b) if self.scan is not None else self.array[a:b]
+        odd = (t != 0) & (t != 1)
+        if odd.any():
+            vals = ", ".join(f"{v:g}" for v in np.unique(t[odd])[:10])
+            raise InputError(f"a label must hold only 0 (solid) and 1 (pore), found also {vals}; binarize it "
+                             "first (1 = pore)", self.path)
+        return t.astype(np.uint8)
+
+    def close(self) -> None:
+        if self.scan is not None:
+            self.scan.close()
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+
+
+def run_reconstruction(
+    volume: Any,
+    geometry: Geometry,
+    predictor: Any,
+    sink: Any,
+    *,
+    folder: Optional[PathLike] = None,
+    truth: Any = None,
+    slice_axis: Optional[int] = None,
+    memory_gb: Optional[float] = None,
+    chunk_slices: Optional[int] = None,
+    tile: Optional[int] = None,
+    precision: str = "auto",
+    min_pore_voxels: Optional[int] = None,
+    progress: ProgressFn = None,
+) -> dict:
+    """The pipeline every entry runs (see the module docstring); returns the metrics.
+
+    Parameters
+    ----------
+    volume : Scan or ndarray
+        The scan, ``(Z, Y, X)``.
+    geometry : Geometry
+    predictor : Predictor
+        From :func:`build_predictor`.
+    sink : object
+        Where the outputs go (the arrays of :func:`reconstruct`, the files of :func:`reconstruct_file`).
+    folder : path, optional
+        Where temporary volumes wait (the output folder; None: the system's temporary folder).
+    truth : path or ndarray, optional
+        Ground-truth pores: adds the comparisons to the metrics.
+    memory_gb : float, optional
+        Budget of the run's working memory (the arrays an in-memory run returns come on top);
+        None: the predictor's own working memory within 1 GB and slabs of about 8 M voxels.
+    min_pore_voxels : int, optional
+        A size rule of the user's on top of the method's post-processing.
+    """
+    shape = tuple(int(s) for s in geometry.shape)
+    slab, model_budget = plan_budget(shape, memory_gb)
+    plan = getattr(predictor, "plan", None)
+    if plan is not None and (tile is None or chunk_slices is None):
+        plan_tile, plan_chunk = plan(shape, model_budget)
+        tile = plan_tile if tile is None else tile
+        chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
+    post = predictor.post.with_user_rules(min_pore_voxels)
+    info = dict(predictor.info)
+    lo, hi = robust_range(volume)
+    folder = Path(folder) if folder is not None else Path(tempfile.gettempdir())
+    truth_reader = _Truth(truth, geometry, slice_axis) if truth is not None else None
+    acc = MetricsAccumulator(shape, geometry.spacing_mm, truth=truth_reader is not None)
+    clipped = 0
+    try:
+        with sink.raw(folder) as raw:
+            if has_contrast(lo, hi):
+                halo = getattr(predictor, "halo", None)
+                source = (windowed(volume, folder, shape, tile, halo, progress)
+                          if isinstance(volume, Scan) and halo is not None and tile is not None else nullcontext(volume))
+                with source as src:
+                    view = NormalizedVolume(src, lo, hi)
+                    info.update(predictor.predict(view, raw, budget_bytes=model_budget, progress=progress,
+                                                  chunk_slices=chunk_slices, tile=tile, precision=precision))
+                    clipped = view.clipped_voxels(progress)  # counted (and said) only when values were clipped
+            else:  # nothing to see: no pores, said in a warning
+                warn_no_contrast(lo)
+                for a in range(0, shape[0], slab):
+                    b = min(shape[0], a + slab)
+                    raw[a:b, 0:shape[1], 0:shape[2]] = np.zeros((b - a, *shape[1:]), np.float32)
+
+            def on_slab(a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
+                sink.write(a, b, pores, prob)
+                acc.add(pores, prob, truth_reader.slab(a, b) if truth_reader is not None else None)
+
+            with sink.open():
+                post.run(lambda a, b: sink.read(raw, a, b), shape, slab, on_slab, progress)
+    finally:
+        if truth_reader is not None:
+            truth_reader.close()
+    metrics = acc.result()
+    metrics.update(run_fields(shape, geometry, predictor.name, info))
+    metrics["clipped_voxels"] = clipped
+    if truth_reader is not None:
+        # the thresholding methods have no probability: their MSE is of the 0/1 pores (1 - accuracy)
+        metrics["mse_of"] = "binary pores" if post.binary else "probability"
+    metrics["postprocessing"] = post.describe()
+    return metrics
+
+
+def _finish(metrics: dict, geometry: Geometry, source: str, t0: float) -> dict:
+    from ctpore import __version__
+
+    finish_metrics(metrics, geometry, source)
+    metrics["seconds"] = round(time.perf_counter() - t0, 3)
+    metrics["ctpore_version"] = __version__
+    return metrics
+
+
+def _as_volume(scan, slice_axis, spacing_mm) -> tuple[Any, Geometry, Optional[Scan]]:
     """(volume sliceable along Z, geometry, Scan we opened and must close or None)."""
     if isinstance(scan, (str, os.PathLike)):
         opened = load_scan(scan, slice_axis=slice_axis)
@@ -119,63 +311,11 @@ def _as_scan(scan, slice_axis, spacing_mm) -> tuple[Any, Geometry, Optional[Scan
     return arr, geom, None
 
 
-def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress, memory_gb=None,
-                        precision="auto", attention_backend=None):
-
-    from ctpore.models.weights import load_for_inference, sha256_file
-    from ctpore.pipelines.stream import plan_streaming, predict, resolve_device
-
-    dev = resolve_device(device)  # a usage error before any weights are read
-    model, meta, post, path = load_for_inference(weights, dev, attention_backend)
-    nvox = int(np.prod(volume.shape))
-    if isinstance(volume, Scan) and 4 * nvox <= IN_MEMORY_BYTES:
-        volume = volume.read()  # one sequential read instead of one pass per tile
-    if tile is None or chunk_slices is None:
-        if memory_gb is None:  # the API in a notebook: bound the model's own working memory
-            budget = _API_MODEL_BYTES
-        else:  # a budget for the whole process, less what the rest of the run holds: this
-            # process now, the probability map and the pores (and their post-processing), a margin
-            budget = memory_gb * 2**30 - (current_rss() + nvox * (4 + 1 + 4) + _MARGIN_BYTES)
-        plan_tile, plan_chunk = plan_streaming(model, volume.shape, budget)
-        tile = plan_tile if tile is None else tile
-        chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
-    lo, hi = robust_range(volume)
-    model.reset_backends_ran()
-    clipped = 0
-    if has_contrast(lo, hi):
-        view = NormalizedVolume(volume, lo, hi)
-        prob = predict(model, view, chunk_slices=chunk_slices, tile=tile, device=dev,
-                       progress=progress, precision=precision)
-        clipped = view.clipped_voxels(progress)
-    else:
-        warn_no_contrast(lo)
-        prob = np.zeros(volume.shape, np.float32)
-    info = {
-        "model": {"name": meta.get("name", path.stem), "sha256": sha256_file(path)},
-        "attention_backend": model.backends_ran(),  # what ran, not what was asked for
-        "device": str(dev),
-        "threshold": post.threshold,
-        "min_size": post.min_size,
-        "calibration": post.calibration,
-        "tile": int(tile),
-        "chunk_slices": int(chunk_slices),
-        "clipped_voxels": clipped,
-    }
-    return prob, info
-
-
-def _otsu(volume, method: str, chunk: int, progress: ProgressFn):
-    """The pores of the ``otsu`` (Fiji's pipeline) or ``plain-otsu`` method."""
-    if method == "otsu":
-        return otsu_segment(volume, median_size=3, min_size=OTSU_MIN_SIZE, chunk_slices=chunk, progress=progress)[0]
-    return otsu_segment(volume, chunk_slices=chunk, progress=progress)[0]
-
-
 def reconstruct(
     scan,
     method: str = DEFAULTS["method"],
     *,
-    weights: Optional[Union[str, os.PathLike]] = None,
+    weights: Optional[PathLike] = None,
     device: str = DEFAULTS["device"],
     slice_axis: Optional[int] = None,
     spacing_mm: Optional[tuple] = None,
@@ -186,145 +326,114 @@ def reconstruct(
     memory_gb: Optional[float] = None,
     precision: str = DEFAULTS["precision"],
     attention_backend: Optional[str] = None,
+    min_pore_voxels: Optional[int] = None,
+    predictor: Any = None,
 ) -> Reconstruction:
-    """Reconstruct the 3D pore phase of a scan.
+    """Reconstruct the 3D pore phase of a scan, in memory.
 
     Parameters
     ----------
     scan : str, Path, Scan or ndarray
-        A NIfTI/TIFF file (read lazily, slice by slice), an opened :class:`~ctpore.data.io.Scan`,
-        or an in-memory ``(Z, Y, X)`` array of grey values.
-    method : {"auto", "poreformer", "otsu", "plain-otsu"}
-        See the module docstring.
+        A scan file (read lazily, slice by slice), an opened :class:`~ctpore.data.io.Scan`, or an
+        in-memory ``(Z, Y, X)`` array of grey values.
+    method : str
+        ``auto`` or a name of :mod:`ctpore.pipelines.methods` (``poreformer``, ``unet3d``,
+        ``unet2d``, ``otsu``, ``plain-otsu``).
     weights : path, optional
-        A PoreFormer ``.safetensors`` file (default: the shipped weights).
+        The method's ``.safetensors`` file (default: the shipped weights).
     device : str
-        ``"cpu"``, ``"cuda"``, ``"cuda:1"``... (PoreFormer only).
+        ``"cpu"``, ``"cuda"``, ``"cuda:1"``... (learned methods).
     slice_axis : int, optional
         The file's voxel axis that holds the slices (NIfTI; default its third axis).
     spacing_mm : tuple, optional
         Voxel size (z, y, x) in mm for an in-memory array (files carry their own).
     truth : ndarray or path, optional
-        Ground-truth pores (1 = pore); adds MSE, Dice, IoU, porosity and Euler errors.
+        Ground-truth pores (1 = pore); adds MSE, Dice, IoU, porosity, Euler and Betti errors.
     chunk_slices, tile : int, optional
         Streaming: slices per chunk and the in-plane tile size (PoreFormer); None (default):
-        the fastest that fit ``memory_gb``.
+        the fastest that fit the memory budget.
     progress : callable, optional
         ``progress(done, total, stage)``.
     memory_gb : float, optional
-        Memory budget of the whole process in GB: the tile and chunk sizes follow from it.
-        Default: the model's own working memory stays within 1 GB (the arrays returned come
-        on top).
+        Budget of the run's working memory in GB (the arrays returned come on top): tiles, chunks
+        and slabs follow from it. Default: the model's working memory within 1 GB.
     precision : {"auto", "fp32", "bf16", "fp16"}
         ``auto``: bf16 autocast on CUDA (so FlashAttention runs), fp32 on CPU.
     attention_backend : {"auto", "flash", "sdpa", "math"}, optional
         Override the attention backend stored with the weights (the metrics report the one
         that ran).
+    min_pore_voxels : int, optional
+        Also remove pore components smaller than this (recorded in the metrics).
+    predictor : Predictor, optional
+        An already built predictor (its weights loaded once for many scans); ``method``,
+        ``weights``, ``device`` and ``attention_backend`` are then not used.
 
     Returns
     -------
     Reconstruction
     """
     t0 = time.perf_counter()
-    volume, geometry, opened = _as_scan(scan, slice_axis, spacing_mm)
+    volume, geometry, opened = _as_volume(scan, slice_axis, spacing_mm)
     try:
-        concrete = resolve_method(method, weights)
-        info: dict = {"model": {"name": concrete, "sha256": None}, "attention_backend": None, "device": "cpu"}
-        if concrete == "poreformer":
-            prob, pf = _predict_poreformer(volume, weights, device, chunk_slices, tile, progress,
-                                           memory_gb, precision, attention_backend)
-            info.update(pf)
-            pores = (prob >= info["threshold"]).astype(np.uint8)  # on the raw probability
-            if info["min_size"] > 1:
-                pores = clean_specks(pores, info["min_size"])
-            if info["calibration"] is not None:
-                apply_calibration(prob, info["calibration"], out=prob)
-        else:
-            chunk = chunk_slices or 32
-            lo, hi = robust_range(volume)
-            if not has_contrast(lo, hi):  # no structure to threshold: no pores, said in a warning
-                warn_no_contrast(lo)
-                pores = np.zeros(tuple(int(d) for d in volume.shape), np.uint8)
-            else:  # far-out grey values clipped, so that they cannot move the threshold
-                view = NormalizedVolume(volume, lo, hi)
-                pores = _otsu(view, concrete, chunk, progress)
-                info["clipped_voxels"] = view.clipped_voxels(progress)
-            prob = pores.astype(np.float32)
+        if predictor is None:
+            predictor = build_predictor(method, weights, device, attention_backend)
+        if isinstance(volume, Scan) and 4 * int(np.prod(volume.shape)) <= IN_MEMORY_BYTES:
+            volume = volume.read()  # one sequential read instead of one pass per tile
+        sink = _ArraySink(geometry.shape)
+        metrics = run_reconstruction(volume, geometry, predictor, sink, truth=truth, slice_axis=slice_axis,
+                                     memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
+                                     precision=precision, min_pore_voxels=min_pore_voxels, progress=progress)
     finally:
         if opened is not None:
             opened.close()
-
-    metrics = volume_metrics(pores, geometry.spacing_mm)
-    metrics.update(run_fields(pores.shape, geometry, concrete, info))
-    if "clipped_voxels" in info:
-        metrics["clipped_voxels"] = info["clipped_voxels"]
-    finish_metrics(metrics, geometry, str(scan) if isinstance(scan, (str, os.PathLike)) else "the scan")
-    if truth is not None:
-        if isinstance(truth, (str, os.PathLike)):
-            truth = read_label(truth, slice_axis=slice_axis, like=geometry)
-        metrics.update(comparison_metrics(pores, np.asarray(truth), prob=prob))
-        # the thresholding methods have no probability: their MSE is of the 0/1 pores (1 - accuracy)
-        metrics["mse_of"] = "probability" if concrete == "poreformer" else "binary pores"
-    from ctpore import __version__
-
-    metrics["seconds"] = round(time.perf_counter() - t0, 3)
-    metrics["ctpore_version"] = __version__
-    return Reconstruction(probability=prob, pores=pores, metrics=metrics, geometry=geometry)
+    _finish(metrics, geometry, str(scan) if isinstance(scan, (str, os.PathLike)) else "the scan", t0)
+    return Reconstruction(probability=sink.prob, pores=sink.pores, metrics=metrics, geometry=geometry)
 
 
 def reconstruct_file(
-    scan_path: Union[str, os.PathLike],
-    outdir: Union[str, os.PathLike],
+    scan_path: PathLike,
+    outdir: PathLike,
     method: str = DEFAULTS["method"],
     *,
     overwrite: bool = False,
-    weights: Optional[Union[str, os.PathLike]] = None,
+    weights: Optional[PathLike] = None,
     device: str = DEFAULTS["device"],
     slice_axis: Optional[int] = None,
-    truth: Optional[Union[str, os.PathLike]] = None,
+    truth: Optional[PathLike] = None,
     chunk_slices: Optional[int] = _auto(DEFAULTS["chunk_slices"]),
     tile: Optional[int] = _auto(DEFAULTS["tile"]),
     progress: ProgressFn = None,
     memory_gb: float = DEFAULTS["memory_gb"],
     precision: str = DEFAULTS["precision"],
     attention_backend: Optional[str] = None,
+    min_pore_voxels: Optional[int] = None,
     annotate: Optional[dict] = None,
+    predictor: Any = None,
 ) -> dict:
-    """Reconstruct one scan file and write its outputs (see the module docstring).
+    """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
+    within ``memory_gb`` for the whole process, whatever the scan's size.
 
     ``annotate``: extra keys for the metrics file (``ctpore batch`` records its options there).
+    Other parameters as :func:`reconstruct`.
 
     Returns
     -------
     dict
         ``{"pores": Path, "prob": Path, "metrics": Path, "result": metrics dict}``.
     """
+    t0 = time.perf_counter()
     paths = check_outputs(scan_path, outdir, overwrite)
-    with load_scan(scan_path, slice_axis=slice_axis):  # a bad scan (or a lying header) is said at once,
-        pass  # from its header, before the model's libraries load
-    remove_stale_temps(paths)  # what a killed earlier run of this scan left half-written
-    if resolve_method(method, weights) == "poreformer":
-        # Slab by slab, so that memory does not grow with the number of slices (the figures
-        # equal the in-memory ones; see ctpore.pipelines.large).
-        from ctpore.pipelines.large import reconstruct_large
-
+    # a bad scan (or a lying header) is said at once, from its header, before the model's libraries load
+    with load_scan(scan_path, slice_axis=slice_axis) as scan:
+        if predictor is None:
+            predictor = build_predictor(method, weights, device, attention_backend)
+        remove_stale_temps(paths)  # what a killed earlier run of this scan left half-written
         with output_set(paths):
-            metrics = reconstruct_large(
-                scan_path, paths, weights=weights, device=device, slice_axis=slice_axis, truth=truth,
-                memory_gb=memory_gb, precision=precision, chunk_slices=chunk_slices, tile=tile, progress=progress,
-                attention_backend=attention_backend,
-            )
+            metrics = run_reconstruction(
+                scan, scan.geometry, predictor, _FileSink(paths, scan.geometry), folder=Path(paths["metrics"]).parent,
+                truth=truth, slice_axis=slice_axis, memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
+                precision=precision, min_pore_voxels=min_pore_voxels, progress=progress)
+            _finish(metrics, scan.geometry, str(scan_path), t0)
             metrics.update(annotate or {})
-            write_json_atomic(paths["metrics"], metrics)
-        return {**paths, "result": metrics}
-    result = reconstruct(
-        scan_path, method, weights=weights, device=device, slice_axis=slice_axis, truth=truth,
-        chunk_slices=chunk_slices, tile=tile, progress=progress, memory_gb=memory_gb, precision=precision,
-        attention_backend=attention_backend,
-    )
-    result.metrics.update(annotate or {})
-    with output_set(paths):
-        save_volume(paths["pores"], result.pores, result.geometry, dtype=np.uint8)
-        save_volume(paths["prob"], result.probability, result.geometry, dtype=np.float32)
-        write_json_atomic(paths["metrics"], result.metrics)  # last: its presence means the set is whole
-    return {**paths, "result": result.metrics}
+            write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole
+    return {**paths, "result": metrics}

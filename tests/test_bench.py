@@ -20,9 +20,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_summary_is_the_mean_of_rows_and_report_lists_every_row(tmp_path):
-    res = bench_quality(n_sim=2, size=24, methods=("otsu", "filtered_otsu"))
+    res = bench_quality(n_sim=2, size=24, methods=("plain-otsu", "otsu"))
     assert len(res["rows"]) == 4
-    for m in ("otsu", "filtered_otsu"):
+    for m in ("plain-otsu", "otsu"):
         rows = [r for r in res["rows"] if r["method"] == m]
         for k in ("mse", "dice", "euler_error_rel", "porosity_error"):
             assert res["summary"][m][k] == pytest.approx(np.mean([r[k] for r in rows]))

@@ -134,9 +134,9 @@ def test_refit_postprocessing_keeps_tensors_and_provenance_and_does_not_raise_ms
     after = load_file(str(path))
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     meta = read_metadata(path)
-    for k in ("train_config", "data_config_sha256", "steps", "threshold", "min_size", "calibration"):
+    for k in ("train_config", "data_config_sha256", "steps", "threshold", "confidence", "min_size", "calibration"):
         assert meta[k] == first[k], k  # same model, same scans: the same choices
-    assert meta["min_size"] == str(out["min_size"])
+    assert meta["confidence"] == out["postprocessing"].to_metadata()["confidence"]
     stored = json.loads(meta["calibration"])
     assert np.all(np.diff(stored["y"]) >= 0)
     assert out["mse"] <= out["mse_raw"] + 1e-4

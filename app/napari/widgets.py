@@ -28,6 +28,7 @@ from qtpy.QtWidgets import (
 )
 
 from ctpore.app.napari.layers import Cancelled, inspect_layers, reconstruct_layers
+from ctpore.pipelines.methods import method_names
 from ctpore.errors import InputError
 
 __all__ = ["ReconstructWidget", "AttentionInspector"]
@@ -120,7 +121,7 @@ class ReconstructWidget(QWidget):
         self.viewer = napari_viewer
         self.layer_choice = _LayerChoice(napari_viewer)
         self.method = QComboBox()
-        self.method.addItems(["auto", "poreformer", "otsu", "plain-otsu"])
+        self.method.addItems(method_names(auto=True))
         self.weights = _WeightsField()
         self.device = QComboBox()
         self.device.addItems(["cpu", "cuda"])

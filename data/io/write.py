@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +127,11 @@ class SlabWriter:
 
     For volumes larger than memory: the header is written first, then each :meth:`write`
     appends slices (``.nii.gz`` compressed on the fly). The data lands in the input's voxel
-    order with its header, as :func:`save_volume` writes it; that needs the slices to be the
-    file's last voxel axis (a NIfTI read with slice axis 2, or a TIFF or array geometry). Use it
-    as a context manager: on an error inside the block the partial file is removed.
+    order with its header, as :func:`save_volume` writes it. When the slices are not the file's
+    last voxel axis (a NIfTI read with slice axis 0 or 1), the slabs first go to a nameless
+    temporary file beside the output, and the file is written from it in the file's own order when
+    the last slab is in, one plane at a time: memory stays one plane, for any slice axis. Use it as
+    a context manager: on an error inside the block the partial file is removed.
 
     Examples
     --------
@@ -143,10 +146,15 @@ class SlabWriter:
         self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
         if file_kind(self.path) != "nifti":
             raise InputError("a volume written slab by slab must be NIfTI (.nii or .nii.gz)", self.path)
-        if geometry.format == "nifti" and tuple(geometry.permutation) != (2, 1, 0):
-            raise InputError("writing slab by slab needs the slices along the file's third voxel axis "
-                             f"(slice axis 2), not {geometry.slice_axis}; give the scan with slice axis 2 "
-                             "or a larger --memory-gb", self.path)
+        # The file's axes in (Z, Y, X) order: the slices are its last axis unless the scan says otherwise.
+        perm = tuple(geometry.permutation) if geometry.format == "nifti" else (2, 1, 0)
+        self._spool = None
+        if perm != (2, 1, 0):  # z is not the file's slowest axis: keep the slabs until the end
+            import tempfile
+
+            fd, name = tempfile.mkstemp(prefix=".ctpore-slabs-", suffix=".raw", dir=self.path.parent)
+            os.unlink(name)  # nameless from the start: nothing is left behind
+            self._spool = os.fdopen(fd, "w+b")
         # The header nibabel would write for the whole volume (a zero-strided stand-in for the data).
         img = nifti_image(np.broadcast_to(np.zeros((), self.dtype), geometry.shape), geometry)
         img.update_header()
@@ -159,6 +167,7 @@ class SlabWriter:
             img.header.write_to(self._fh)
             self._fh.write(b"\0" * (int(img.header.get_data_offset()) - self._fh.tell()))
         except BaseException as exc:
+            self._close_spool()
             self._ctx.__exit__(type(exc), exc, exc.__traceback__)
             raise
 
@@ -167,19 +176,43 @@ class SlabWriter:
         slab = np.asarray(slab)
         if slab.ndim != 3 or slab.shape[1:] != tuple(self.geometry.shape[1:]) or slab.shape[0] > self._left:
             raise ValueError(f"slab {slab.shape} does not continue the volume {self.geometry.shape}")
-        data = _cast_exact(slab, self.dtype, self.path)
-        self._fh.write(np.ascontiguousarray(data).tobytes())  # file order: x fastest, then y, then z
+        data = np.ascontiguousarray(_cast_exact(slab, self.dtype, self.path))
+        # z-last file order: x fastest, then y, then z, which is the slab's own C order
+        (self._spool or self._fh).write(data.tobytes())
         self._left -= slab.shape[0]
+
+    def _write_spooled(self) -> None:
+        """The spooled ``(Z, Y, X)`` volume into the file in its own voxel order, plane by plane."""
+        self._spool.flush()
+        vol = np.memmap(self._spool, dtype=self.dtype, mode="r", shape=tuple(self.geometry.shape))
+        inverse = tuple(int(i) for i in np.argsort(self.geometry.permutation))
+        data = vol.transpose(inverse)  # (i, j, k) view
+        for k in range(data.shape[2]):  # NIfTI data: i fastest, then j, then k
+            self._fh.write(np.ascontiguousarray(data[:, :, k].T).tobytes())
+        del vol, data
+
+    def _close_spool(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
 
     def __enter__(self) -> "SlabWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            self._fh.close()
             if exc_type is None and self._left:
                 raise ValueError(f"{self._left} slices of {self.path.name} were never written")
+            if exc_type is None and self._spool is not None:
+                self._write_spooled()
+            self._fh.close()
         except BaseException as err:
+            self._close_spool()
+            try:
+                self._fh.close()
+            except Exception:
+                pass
             self._ctx.__exit__(type(err), err, err.__traceback__)
             raise
+        self._close_spool()
         self._ctx.__exit__(exc_type, exc, tb)

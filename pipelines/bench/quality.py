@@ -19,29 +19,24 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from ctpore.data.calibration import ReliabilityCounter, apply_calibration
+from ctpore.data.calibration import ReliabilityCounter
 from ctpore.data.io import load_scan, read_label
 from ctpore.data.metrics import comparison_metrics, euler_number, porosity
-from ctpore.data.normalize import normalize_volume
 from ctpore.data.splits import BENCH_SEED_BASE, check_bench_seeds
 from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
 from ctpore.errors import InputError
-from ctpore.models.classical import OTSU_MIN_SIZE, clean_specks, otsu_segment
-from ctpore.models.unet import predict_unet
-from ctpore.models.weights import load_model, load_unet, read_metadata, read_postprocessing, weights_dir
+from ctpore.models.weights import read_metadata, weights_dir
+from ctpore.pipelines.methods import METHODS as METHODS_REGISTRY
+from ctpore.pipelines.methods import get_method
 from ctpore.pipelines.reconstruct import reconstruct
 from ctpore.progress import ProgressFn
 
 __all__ = ["METHODS", "LABELS", "Runner", "bench_cases", "bench_quality", "default_shared", "default_leopard"]
 
-METHODS = ("otsu", "filtered_otsu", "unet2d", "unet3d", "poreformer")
-LABELS = {
-    "otsu": "Otsu",
-    "filtered_otsu": "Filtered Otsu (median + Otsu + specks, Fiji)",
-    "unet2d": "2D U-Net, slice by slice (MONAI)",
-    "unet3d": "3D U-Net (MONAI)",
-    "poreformer": "PoreFormer",
-}
+#: The methods the benchmark sets side by side (names of :mod:`ctpore.pipelines.methods`).
+METHODS = ("plain-otsu", "otsu", "unet2d", "unet3d", "poreformer")
+#: How the report names them.
+LABELS = {name: spec.label for name, spec in METHODS_REGISTRY.items()}
 
 
 def _n_params(model) -> int:
@@ -75,54 +70,31 @@ def _training(path: Path) -> dict:
 
 
 class Runner:
-    """Holds the loaded models; ``run(method, scan) -> (prob, pores, seconds)``."""
+    """Holds the built methods; ``run(method, scan) -> (prob, pores, seconds)`` through the one
+    reconstruct pipeline, so every method is normalized, post-processed and measured the same way."""
 
     def __init__(self, methods=METHODS, device: str = "cpu", weights: Optional[Path] = None):
         self.device = device
-        self.models: dict = {}
-        self.post: dict = {}
+        self.predictors: dict = {}
         self.params: dict = {m: 0 for m in methods}
         self.training: dict = {}  # method -> how its weights were trained (from their metadata)
-        self.poreformer_weights: Optional[Path] = None
         wdir = Path(weights) if weights is not None else weights_dir()
         for m in methods:
-            if m in ("unet2d", "unet3d"):
-                path = wdir / f"{m}.safetensors"
-                self.models[m] = load_unet(path)
-                self.post[m] = read_postprocessing(path)  # chosen on validation scans at export
-                self.params[m] = _n_params(self.models[m])
-                self.training[m] = _training(path)
-            elif m == "poreformer":
-                path = wdir / "poreformer.safetensors"
+            spec = get_method(m)
+            path = None
+            if spec.weights is not None:
+                path = wdir / spec.weights
                 if not path.exists():
-                    raise InputError("no PoreFormer weights; train them with configs/train.yaml",
-                                     path=path)
-                self.poreformer_weights = path
-                self.params[m] = _n_params(load_model(path))
+                    raise InputError(f"no {m} weights; train them with the configs in configs/", path=path)
                 self.training[m] = _training(path)
+            self.predictors[m] = spec.factory(weights=path, device=device)
+            model = getattr(self.predictors[m], "model", None)
+            self.params[m] = _n_params(model) if model is not None else 0
 
     def run(self, method: str, scan: np.ndarray):
         t0 = time.perf_counter()
-        if method in ("otsu", "filtered_otsu"):
-            vol = normalize_volume(scan)
-            if method == "otsu":
-                pores, _ = otsu_segment(vol)
-            else:
-                pores, _ = otsu_segment(vol, median_size=3, min_size=OTSU_MIN_SIZE)
-            prob = pores.astype(np.float32)
-        elif method in ("unet2d", "unet3d"):
-            model, post = self.models[method], self.post[method]
-            prob = predict_unet(model, normalize_volume(scan), device=self.device)
-            pores = (prob >= post.threshold).astype(np.uint8)  # on the raw probability
-            if post.min_size > 1:
-                pores = clean_specks(pores, post.min_size)
-            if post.calibration is not None:
-                apply_calibration(prob, post.calibration, out=prob)
-        else:
-            res = reconstruct(scan, method="poreformer", weights=self.poreformer_weights,
-                              device=self.device)
-            prob, pores = res.probability, res.pores
-        return prob, pores, time.perf_counter() - t0
+        res = reconstruct(scan, predictor=self.predictors[method])
+        return res.probability, res.pores, time.perf_counter() - t0
 
 
 def bench_cases(n_sim: int = 8, size: int = 64, leopard: Optional[Union[str, os.PathLike]] = None,

@@ -8,8 +8,8 @@ metric functions, so that only the method differs:
 ``monai-unet``  MONAI's 3D U-Net as users set it up: ``UNet(3, 1, 1, channels=(16, 32, 64, 128),
                 strides=(2, 2, 2), num_res_units=2)``, random weights (speed does not depend on
                 them), ``sliding_window_inference`` with 96^3 windows and overlap 0.25, no_grad.
-``unet3d``      the benchmark's trained 3D U-Net baseline (``models/weights/unet3d.safetensors``)
-                with its stored post-processing, as ``ctpore bench quality`` runs it.
+
+(The benchmark's trained U-Nets are methods of ``ctpore reconstruct`` itself: ``--method unet3d``.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 __all__ = ["REFERENCES", "run_reference"]
 
-REFERENCES = ("monai-unet", "unet3d")
+REFERENCES = ("monai-unet",)
 
 
 def run_reference(method: str, scan: str | Path, outdir: str | Path) -> dict:
@@ -42,21 +42,16 @@ def run_reference(method: str, scan: str | Path, outdir: str | Path) -> dict:
     paths = check_outputs(scan, outdir, overwrite=True)
     with load_scan(scan) as s:
         vol, geometry = s.read(), s.geometry
-    if method == "monai-unet":
-        from monai.inferers import sliding_window_inference
-        from monai.networks.nets import UNet
+    from monai.inferers import sliding_window_inference
+    from monai.networks.nets import UNet
 
-        torch.manual_seed(0)
-        net = UNet(3, 1, 1, channels=(16, 32, 64, 128), strides=(2, 2, 2), num_res_units=2).eval()
-        with torch.no_grad():
-            x = torch.from_numpy(normalize_volume(vol))[None, None]
-            logits = sliding_window_inference(x, (96, 96, 96), 1, net, overlap=0.25)
-            prob = torch.sigmoid(logits)[0, 0].numpy()
-        pores = (prob >= 0.5).astype(np.uint8)
-    else:
-        from ctpore.pipelines.bench.quality import Runner
-
-        prob, pores, _ = Runner(("unet3d",)).run("unet3d", vol)
+    torch.manual_seed(0)
+    net = UNet(3, 1, 1, channels=(16, 32, 64, 128), strides=(2, 2, 2), num_res_units=2).eval()
+    with torch.no_grad():
+        x = torch.from_numpy(normalize_volume(vol))[None, None]
+        logits = sliding_window_inference(x, (96, 96, 96), 1, net, overlap=0.25)
+        prob = torch.sigmoid(logits)[0, 0].numpy()
+    pores = (prob >= 0.5).astype(np.uint8)
     metrics = volume_metrics(pores, geometry.spacing_mm)
     metrics.update(method=method, seconds=round(time.perf_counter() - t0, 3))
     with output_set(paths):

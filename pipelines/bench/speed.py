@@ -7,8 +7,8 @@ a user waits and the peak memory (resident set) the process needs. The methods r
 kind of machine's speed drifts from minute to minute.
 
 - ``ctpore reconstruct`` with default settings, once per attention backend that can run here;
-- MONAI's 3D U-Net as users set it up and the benchmark's trained 3D U-Net
-  (:mod:`ctpore.pipelines.bench.references`);
+- MONAI's 3D U-Net as users set it up (:mod:`ctpore.pipelines.bench.references`) and the
+  benchmark's trained 3D U-Net (``ctpore reconstruct --method unet3d``);
 - the filtered-Otsu pipeline users run in Fiji (``ctpore reconstruct --method otsu``).
 
 Beside them: PoreFormer's arithmetic per voxel (convolutions and matrix products counted by
@@ -43,7 +43,7 @@ METHODS: dict[str, list[str]] = {
     "ctpore reconstruct (sdpa)": ["ctpore", "--attention-backend", "sdpa"],
     "ctpore reconstruct (math)": ["ctpore", "--attention-backend", "math"],
     "MONAI 3D U-Net (16-32-64-128, 96^3 windows)": ["reference", "monai-unet"],
-    "3D U-Net baseline (trained)": ["reference", "unet3d"],
+    "3D U-Net baseline (trained)": ["ctpore", "--method", "unet3d"],
     "Filtered Otsu (Fiji pipeline)": ["ctpore", "--method", "otsu"],
 }
 
@@ -127,25 +127,17 @@ def poreformer_flops_per_voxel(model, chunk: int = 16) -> dict:
 
 
 def _reconstruct_plan(scan: Path, memory_gb: float = 1.5) -> tuple[int, int]:
-    """The ``(tile, chunk_slices)`` that ``ctpore reconstruct`` picks for ``scan`` by default: asked of
-    a fresh process that opens the scan and loads the weights as it does (the plan depends on the
-    memory already in use)."""
-    code = (
-        "import json, sys\n"
-        "import ctpore.app.cli  # what the command has imported when it plans\n"
-        "from ctpore.data.io import load_scan\n"
-        "from ctpore.models.weights import load_for_inference\n"
-        "from ctpore.pipelines.large import plan_budget\n"
-        "from ctpore.runtime import current_rss, tune_allocator\n"
-        "tune_allocator()\n"
-        "with load_scan(sys.argv[1]) as scan:\n"
-        "    model = load_for_inference(None, 'cpu', None)[0]\n"
-        "    print(json.dumps(plan_budget(model, tuple(scan.shape), float(sys.argv[2]), current_rss())[1]))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code, str(scan), str(memory_gb)], capture_output=True, text=True,
-                         check=True)
-    tile, chunk = json.loads(out.stdout.strip().splitlines()[-1])
-    return int(tile), int(chunk)
+    """The ``(tile, chunk_slices)`` that ``ctpore reconstruct`` picks for ``scan`` by default (a
+    function of the scan's shape and the budget only, :func:`ctpore.pipelines.budget.plan_budget`)."""
+    from ctpore.data.io import load_scan
+    from ctpore.models.weights import load_for_inference
+    from ctpore.pipelines.budget import plan_budget
+    from ctpore.pipelines.stream import plan_streaming
+
+    with load_scan(scan) as s:
+        shape = tuple(s.shape)
+    model = load_for_inference(None, "cpu", None)[0]
+    return plan_streaming(model, shape, plan_budget(shape, memory_gb)[1])
 
 
 def _model_speed(model, shape, tile, chunk) -> float:

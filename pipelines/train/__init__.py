@@ -28,12 +28,13 @@ from ctpore.pipelines.train.config import (
     load_train_config,
 )
 from ctpore.pipelines.train.export import (
-    MIN_SIZES,
+    CONFIDENCES,
     POSTPROCESSING_SCANS,
     export_weights,
     postprocessing_pool,
     refit_postprocessing,
     select_postprocessing,
+    topology_score,
 )
 from ctpore.pipelines.train.loop import TrainResult, build_model, lr_at, train, validate
 
@@ -55,12 +56,13 @@ __all__ = [
     "config_to_dict",
     "data_config_hash",
     "load_train_config",
-    "MIN_SIZES",
+    "CONFIDENCES",
     "POSTPROCESSING_SCANS",
     "export_weights",
     "postprocessing_pool",
     "refit_postprocessing",
     "select_postprocessing",
+    "topology_score",
     "TrainResult",
     "build_model",
     "lr_at",

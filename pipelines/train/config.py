@@ -70,7 +70,7 @@ class LossConfig:
 
 @dataclass
 class TrainConfig:
-    model: str = "poreformer"        # "poreformer", "unet2d" or "unet3d"
+    model: str = "poreformer"        # a trainable method: "poreformer", "unet2d" or "unet3d"
     model_config: dict = field(default_factory=dict)  # PoreFormerConfig fields / U-Net config
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -155,8 +155,10 @@ def config_from_dict(raw: dict, path=None) -> TrainConfig:
     except InputError as exc:
         raise InputError(exc.message, path=path) from None
     check_config_seeds(data.seed, data.n_train, data.n_val, path)  # before any scan is simulated
-    if cfg.model not in ("poreformer", "unet2d", "unet3d"):
-        raise InputError(f"model must be poreformer, unet2d or unet3d, got {cfg.model!r}", path=path)
+    from ctpore.pipelines.methods import trainable_names
+
+    if cfg.model not in trainable_names():
+        raise InputError(f"model must be one of {', '.join(trainable_names())}, got {cfg.model!r}", path=path)
     return cfg
 
 

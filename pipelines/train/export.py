@@ -20,61 +20,76 @@ from ctpore.data.calibration import apply_calibration, fit_calibration
 from ctpore.data.metrics import comparison_metrics
 from ctpore.data.splits import POSTPROCESSING_SCANS
 from ctpore.errors import InputError
-from ctpore.models.classical import clean_specks
-from ctpore.models.weights import load_model, load_unet, read_metadata, save_weights
+from ctpore.data.postprocess import Postprocessing
+from ctpore.models.weights import load_network, read_metadata, save_weights
 from ctpore.pipelines.train.batches import Pool, simulated_pool
 from ctpore.pipelines.train.config import DataConfig, config_from_dict, config_to_dict, data_config_hash
 from ctpore.pipelines.train.loop import TrainResult, predict_full
 from ctpore.progress import ProgressFn
 
-__all__ = ["MIN_SIZES", "POSTPROCESSING_SCANS", "postprocessing_pool", "select_postprocessing",
-           "export_weights", "refit_postprocessing"]
+__all__ = ["CONFIDENCES", "POSTPROCESSING_SCANS", "postprocessing_pool", "select_postprocessing",
+           "topology_score", "export_weights", "refit_postprocessing"]
 
 
-#: Speck sizes (voxels) tried when choosing the post-processing on validation scans.
-MIN_SIZES = (0, 4, 8, 16, 32)
+#: Confidences tried for the evidence rule (None: threshold alone), chosen on validation scans.
+CONFIDENCES = (None, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+
+#: Share of the post-processing scans given small isolated pores (at least): the rule is chosen on
+#: scans that hold many 8-30-voxel pores as well as the noise that makes false specks.
+SMALL_PORES_SHARE = 0.5
 
 # POSTPROCESSING_SCANS (48): the validation-range scans the post-processing is chosen and the
 # calibration fitted on at export; defined with the seed ranges it belongs to, in ctpore.data.splits.
 
 
 def postprocessing_pool(data: DataConfig, progress: ProgressFn = None) -> Pool:
-    """The :data:`POSTPROCESSING_SCANS` validation-range scans (never trained on, never benchmarked)."""
+    """The :data:`POSTPROCESSING_SCANS` validation-range scans (never trained on, never benchmarked),
+    at least :data:`SMALL_PORES_SHARE` of them with small isolated pores."""
     wider = copy.copy(data)
     wider.n_val = max(POSTPROCESSING_SCANS, data.n_val)
+    wider.small_pores = max(float(getattr(data, "small_pores", 0.0)), SMALL_PORES_SHARE)
     return simulated_pool(wider, val=True, progress=progress)
 
 
-def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold: float = 0.5,
-                          return_probs: bool = False) -> dict:
-    """Choose the speck removal on validation scans and fit the probability calibration there.
+def topology_score(rows: list[dict]) -> float:
+    """Mean relative Euler error + mean relative b0 error + mean relative b1 error of
+    :func:`~ctpore.data.metrics.comparison_metrics` rows (``betti=True``): lower is better. The
+    Euler error alone can cancel (pores lost against tunnels lost); the Betti errors cannot."""
+    return float(sum(np.mean([r[k] for r in rows]) for k in ("euler_error_rel", "b0_error_rel", "b1_error_rel")))
 
-    Every speck size in :data:`MIN_SIZES` is scored by the mean relative Euler error, ties
-    broken by MSE, on ``pool`` (the validation scans, never the benchmark's); the calibration
-    is then fitted on the same scans (see :mod:`ctpore.data.calibration`). One pass per scan,
-    in the slice order ``ctpore reconstruct`` streams. Returns ``{"min_size", "table",
-    "calibration"}`` (and ``"probs"``, the raw probabilities of the pool's scans, with
-    ``return_probs``).
+
+def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold: float = 0.5,
+                          return_probs: bool = False, probs: Optional[list] = None) -> dict:
+    """Choose the post-processing on validation scans and fit the probability calibration there.
+
+    Every confidence in :data:`CONFIDENCES` (the evidence rule of
+    :class:`~ctpore.data.postprocess.Postprocessing`) is scored by :func:`topology_score`, ties broken
+    by MSE, on ``pool`` (the validation scans, never the benchmark's); the calibration is then
+    fitted on the same scans (see :mod:`ctpore.data.calibration`). One pass per scan, in the slice
+    order ``ctpore reconstruct`` streams (``probs``: those passes, when already made). Returns
+    ``{"postprocessing", "table", "calibration"}`` (and ``"probs"``, the raw probabilities of the
+    pool's scans, with ``return_probs``).
     """
     model.eval()
-    probs = [predict_full(model, scan, device) for scan in pool.scans]
+    if probs is None:
+        probs = [predict_full(model, scan, device) for scan in pool.scans]
     table = []
-    for ms in MIN_SIZES:
+    for conf in CONFIDENCES:
+        post = Postprocessing(threshold=threshold, confidence=conf)
         rows = []
         for prob, truth in zip(probs, pool.truths):
-            pores = (prob >= threshold).astype(np.uint8)
-            if ms > 1:
-                pores = clean_specks(pores, ms)
-            rows.append(comparison_metrics(pores, truth.astype(np.uint8), prob=prob))
-        table.append({"min_size": ms,
-                      "euler_error_rel": float(np.mean([r["euler_error_rel"] for r in rows])),
-                      "mse": float(np.mean([r["mse"] for r in rows])),
-                      "dice": float(np.mean([r["dice"] for r in rows]))})
-    best = min(table, key=lambda r: (round(r["euler_error_rel"], 6), r["mse"]))
-    post = {"min_size": best["min_size"], "table": table, "calibration": fit_calibration(zip(probs, pool.truths))}
+            pores, _ = post.apply(prob)
+            rows.append(comparison_metrics(pores, truth.astype(np.uint8), prob=prob, betti=True))
+        table.append({"confidence": conf, "topology_score": topology_score(rows),
+                      **{k: float(np.mean([r[k] for r in rows]))
+                         for k in ("euler_error_rel", "b0_error_rel", "b1_error_rel", "mse", "dice")}})
+    best = min(table, key=lambda r: (round(r["topology_score"], 6), r["mse"]))
+    cal = fit_calibration(zip(probs, pool.truths))
+    out = {"postprocessing": Postprocessing(threshold=threshold, confidence=best["confidence"], calibration=cal),
+           "table": table, "calibration": cal}
     if return_probs:
-        post["probs"] = probs
-    return post
+        out["probs"] = probs
+    return out
 
 
 def export_weights(result: TrainResult, path: Union[str, os.PathLike], name: Optional[str] = None,
@@ -95,13 +110,11 @@ def export_weights(result: TrainResult, path: Union[str, os.PathLike], name: Opt
     if cfg.data.source == "synthetic":
         post = select_postprocessing(result.model, postprocessing_pool(cfg.data, progress), device, cfg.threshold)
     else:
-        post = {"min_size": cfg.min_size, "table": [], "calibration": None}
+        post = {"postprocessing": Postprocessing(threshold=cfg.threshold, min_size=cfg.min_size), "table": []}
     meta = {
         "name": name,
-        "threshold": str(cfg.threshold),
-        "min_size": str(post["min_size"]),
+        **post["postprocessing"].to_metadata(),
         "postprocessing_validation": json.dumps(post["table"]),
-        "calibration": json.dumps(post["calibration"]),
         "data_config_sha256": data_config_hash(cfg),
         "train_config": json.dumps(config_to_dict(cfg)),
         "steps": str(result.steps),
@@ -139,10 +152,7 @@ def refit_postprocessing(path: Union[str, os.PathLike], device: str = "cpu", pro
     if cfg.data.source != "synthetic":
         raise InputError("weights trained on labelled scans have no held-out validation scans to "
                          "choose their post-processing on", path=path)
-    if cfg.model == "poreformer":
-        model = load_model(path, device=device)
-    else:
-        model = load_unet(path).to(device)  # its stored map is refitted, never applied here
+    model = load_network(path, device=device)  # its stored map is refitted, never applied here
     pool = postprocessing_pool(cfg.data, progress)
     post = select_postprocessing(model, pool, device, cfg.threshold, return_probs=True)
     probs = post.pop("probs")
@@ -150,7 +160,6 @@ def refit_postprocessing(path: Union[str, os.PathLike], device: str = "cpu", pro
     post["mse"] = float(np.mean([np.mean((apply_calibration(p, post["calibration"]) - t) ** 2)
                                  for p, t in zip(probs, pool.truths)]))
     out = {k: v for k, v in meta.items() if k not in ("config", "format")}
-    out.update(min_size=str(post["min_size"]),
-               postprocessing_validation=json.dumps(post["table"]), calibration=json.dumps(post["calibration"]))
+    out.update(post["postprocessing"].to_metadata(), postprocessing_validation=json.dumps(post["table"]))
     save_weights(model, path, metadata=out)
     return post

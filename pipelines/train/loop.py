@@ -28,9 +28,8 @@ from ctpore.errors import InputError, NonFiniteError
 from ctpore.models.attention import attention_entropy as head_entropy
 from ctpore.models.losses import loss_terms, total_loss
 from ctpore.models.poreformer import PoreFormer
-from ctpore.models.poreformer_config import PoreFormerConfig
-from ctpore.models.unet import build_unet
 from ctpore.models.weights import load_checkpoint, save_checkpoint
+from ctpore.pipelines.methods import get_method
 from ctpore.pipelines.train.batches import (Pool, add_topology_targets, labelled_pool, make_augmenter, make_batch,
                                             simulated_pool)
 from ctpore.pipelines.train.config import DATA_KEYS_ADDED, LOSS_KEYS_ADDED, TrainConfig, config_to_dict
@@ -42,9 +41,7 @@ __all__ = ["build_model", "predict_full", "attention_entropy", "validate", "Trai
 def build_model(cfg: TrainConfig) -> nn.Module:
     """The network a config names, freshly initialised (seeded by ``cfg.seed``)."""
     torch.manual_seed(cfg.seed)
-    if cfg.model == "poreformer":
-        return PoreFormer(PoreFormerConfig(**cfg.model_config))
-    return build_unet({"kind": cfg.model, **cfg.model_config})
+    return get_method(cfg.model).network(dict(cfg.model_config))
 
 
 def check_finite(step: int, **tensors: torch.Tensor) -> None:
@@ -187,11 +184,12 @@ def train(
         x, y = x.to(dev), y.to(dev)
         # PoreFormer makes tokens for the crop only and reads the margins as context; a U-Net
         # runs on the whole window and its logits are cropped: both see the same input.
-        kw = {"z0": z_first, "margins": margins} if cfg.model == "poreformer" else {}
+        tokens_in_crop = isinstance(model, PoreFormer)
+        kw = {"z0": z_first, "margins": margins} if tokens_in_crop else {}
         try:
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
                 logits = model(x, **kw)
-                if cfg.model != "poreformer" and any(margins):
+                if not tokens_in_crop and any(margins):
                     mt, mb, ml, mr = margins
                     logits = logits[..., mt:logits.shape[-2] - mb, ml:logits.shape[-1] - mr]
         except NonFiniteError as exc:  # the model's own guard names the layer and tensor

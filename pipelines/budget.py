@@ -1,0 +1,50 @@
+"""How a reconstruction spends its memory budget: the post-processing slab and the predictor's share.
+
+The plan is a function of the scan's shape and the budget only (never of what the process happens
+to hold at the time), so the same scan with the same budget gives the same tiles, chunks and
+slabs, and so the same output bits, from the command line, a batch worker or a notebook.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ctpore.data.postprocess import whole_slab
+
+__all__ = ["BASE_BYTES", "MODEL_BYTES_DEFAULT", "slab_bytes", "plan_budget"]
+
+#: What the process holds before any scan: Python, PyTorch, the model and the libraries (about
+#: 0.25 GB measured on the project's CPU machine; a margin on top).
+BASE_BYTES = 320 * 2**20
+
+#: Kept free of the plan for what the estimates do not see (allocator slack, metrics).
+MARGIN_BYTES = 64 * 2**20
+
+#: The predictor's working memory when no budget is given (an in-memory run from Python).
+MODEL_BYTES_DEFAULT = 2**30
+
+
+def slab_bytes(plane: tuple[int, int], n: int) -> int:
+    """Working memory of post-processing one slab of ``n`` slices: the probabilities (4 bytes a
+    voxel), the labels of the components (8) and a few masks and temporaries (~12)."""
+    return int(n * plane[0] * plane[1] * 24)
+
+
+def plan_budget(shape: tuple[int, int, int], memory_gb: Optional[float]) -> tuple[int, float]:
+    """``(slab, predictor_bytes)``: slices per post-processing slab and the predictor's share of
+    ``memory_gb`` (GB for the whole run; None: slabs of about 8 M voxels and
+    :data:`MODEL_BYTES_DEFAULT` for the predictor).
+
+    A quarter of what is left after :data:`BASE_BYTES` and a margin goes to the slab (at most 64
+    slices), the rest to the predictor.
+
+    Examples
+    --------
+    >>> plan_budget((96, 256, 256), 1.5)[0]
+    64
+    """
+    if memory_gb is None:
+        return whole_slab(shape), float(MODEL_BYTES_DEFAULT)
+    budget = memory_gb * 2**30 - BASE_BYTES - MARGIN_BYTES
+    slab = max(1, min(shape[0], 64, int(budget * 0.25) // max(1, slab_bytes(shape[1:], 1))))
+    return slab, budget - slab_bytes(shape[1:], slab)
