@@ -9,7 +9,11 @@ must hold its rows. These formats carry no voxel size: spacing 1, units ``"unkno
 
 from __future__ import annotations
 
+import threading
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -34,10 +38,22 @@ _MODES = {"1": np.dtype(bool), "L": np.dtype(np.uint8), "I;16": np.dtype("<u2"),
           "I;16B": np.dtype(">u2"), "I": np.dtype(np.int32), "F": np.dtype(np.float32)}
 
 
-def _pil():
+_PIL_LOCK = threading.Lock()
+
+
+@contextmanager
+def _pil() -> Iterator:
+    """Pillow's ``Image`` with its decompression-bomb limit lifted (a CT slice may pass its 179
+    megapixels; the sizes are checked against the file here instead), restored afterwards."""
     from PIL import Image  # a dependency of ctpore (scikit-image needs it too)
 
-    return Image
+    with _PIL_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        try:
+            yield Image
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
 
 
 class ImageFolderReader(PlaneReader):
@@ -48,7 +64,6 @@ class ImageFolderReader(PlaneReader):
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        Image = _pil()
         label = self.FORMAT.upper()
         try:
             files = [p for p in self.path.iterdir() if p.is_file() and not p.name.startswith(".")
@@ -64,7 +79,7 @@ class ImageFolderReader(PlaneReader):
             if size == 0:
                 raise InputError(f"slice file {f.name} is empty (0 bytes)", self.path)
             try:
-                with Image.open(f) as im:
+                with _pil() as Image, Image.open(f) as im:
                     mode, (w, h) = im.mode, im.size
                     frames = int(getattr(im, "n_frames", 1))
                     compression = im.info.get("compression", 0)
@@ -99,12 +114,11 @@ class ImageFolderReader(PlaneReader):
         """Refuse a header describing more pixels than the file can hold (per format; none here)."""
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        Image = _pil()
         out = np.empty((max(0, stop - start),) + self.geometry.shape[1:], self.dtype)  # (n, Y, X)
         for i in range(start, stop):
             f = self.files[i]
             try:
-                with Image.open(f) as im:
+                with _pil() as Image, Image.open(f) as im:
                     data = np.asarray(im)
             except MemoryError:
                 raise
