@@ -425,3 +425,12 @@ def test_a_toy_format_registered_with_one_line_is_read(tmp_path, monkeypatch):
     assert "NumPy (.npy)" in registry.supported_help()
     with pytest.raises(ValueError):
         registry.register(registry.Format("npy", "NumPy again", (".npz",), NpyReader))
+
+
+def test_napari_is_offered_every_file_suffix_of_the_table():
+    import yaml
+
+    manifest = Path(__file__).resolve().parent.parent / "app" / "napari" / "napari.yaml"
+    patterns = set(yaml.safe_load(manifest.read_text())["contributions"]["readers"][0]["filename_patterns"])
+    suffixes = {s for f in registry.READERS if not f.folder_of for s in f.suffixes}
+    assert {"*" + s for s in suffixes} <= patterns
