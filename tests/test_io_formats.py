@@ -434,3 +434,16 @@ def test_napari_is_offered_every_file_suffix_of_the_table():
     patterns = set(yaml.safe_load(manifest.read_text())["contributions"]["readers"][0]["filename_patterns"])
     suffixes = {s for f in registry.READERS if not f.folder_of for s in f.suffixes}
     assert {"*" + s for s in suffixes} <= patterns
+
+
+def test_a_jpeg_folder_reads_what_pillow_decodes(tmp_path):
+    # JPEG is lossy: the truth is each file as Pillow decodes it, in natural order
+    p = tmp_path / "jpeg_slices"
+    p.mkdir()
+    vol = volume(np.uint8)
+    for z in range(vol.shape[0]):
+        Image.fromarray(vol[z]).save(p / f"im{z + 1}.jpg", quality=90)
+    decoded = np.stack([np.asarray(Image.open(p / f"im{z + 1}.jpg")) for z in range(vol.shape[0])])
+    with load_scan(p) as scan:
+        assert scan.geometry.format == "jpeg" and scan.geometry.units == "unknown"
+        assert np.array_equal(scan.read(), decoded.astype(np.float32))
