@@ -33,7 +33,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from ctpore.atomic import write_json_atomic
-from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan
+from ctpore.data.io import Geometry, Scan, geometry_from_array, label_slice_axis, load_scan
 from ctpore.data.io.write import SlabWriter
 from ctpore.data.metrics import MetricsAccumulator
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
@@ -169,9 +169,8 @@ class _Truth:
         shape = tuple(geometry.shape)
         if isinstance(truth, (str, os.PathLike)):
             self.path = Path(truth)
-            axis = slice_axis if slice_axis is not None else (geometry.slice_axis if geometry.format == "nifti"
-                                                              else None)
-            self.scan = load_scan(truth, slice_axis=axis)
+            axis = slice_axis if slice_axis is not None else label_slice_axis(geometry, truth)
+            self.scan = Scan(truth, slice_axis=axis)  # cut as its scan was (no second axis hint)
             if tuple(self.scan.shape) != shape:
                 self.scan.close()
                 raise InputError(f"label shape (Z, Y, X) = {self.scan.shape} differs from the scan's {shape}",

@@ -107,14 +107,14 @@ class RawCopy:
 
 @contextmanager
 def windowed(scan: Scan, folder: Path, shape, tile: int, halo: int, progress: ProgressFn) -> Iterator:
-    """``scan``, or, when it is compressed and the plane takes several tiles, a temporary
+    """``scan``, or, when its format cannot read a window without reading whole planes (a
+    ``.nii.gz``, a TIFF, a folder of images) and the plane takes several tiles, a temporary
     uncompressed copy beside the outputs (nameless, so nothing is left behind): each tile streams
-    through every slice, and reading a window of an uncompressed copy costs only that window (a
-    ``.nii.gz`` would be decompressed again for every tile)."""
+    through every slice, and reading a window of the copy costs only that window (a ``.nii.gz``
+    would be decompressed again for every tile)."""
     from ctpore.pipelines.stream import plan_tiles
 
-    compressed = scan.path.name.lower().endswith(".gz")
-    if not compressed or len(plan_tiles(shape[1], shape[2], tile, halo)) == 1:
+    if scan.windowed or len(plan_tiles(shape[1], shape[2], tile, halo)) == 1:
         yield scan
         return
     copy = RawCopy(scan, folder, progress)

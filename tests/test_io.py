@@ -673,6 +673,58 @@ def test_output_stem():
     assert output_stem("scan.TIFF") == "scan"
     assert output_stem("scan.tif") == "scan"
     assert output_stem("scan.raw") == "scan.raw"
+    # the other formats' suffixes, from the one table of formats
+    assert output_stem("/x/scan.h5") == "scan" and output_stem("scan.HDF5") == "scan"
+    assert output_stem("scan.h5:/exchange/data") == "scan"
+    assert output_stem("ct.mhd") == "ct" and output_stem("ct.mha") == "ct"
+    assert output_stem("core.ome.zarr") == "core" and output_stem("core.zarr") == "core"
+
+
+# --------------------------------------------------------------------------------------------
+# The transposed-scan hint
+# --------------------------------------------------------------------------------------------
+
+
+def _hints(path, **kw) -> list[str]:
+    import warnings
+
+    from ctpore.errors import CtporeWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_scan(path, **kw)
+    return [str(w.message) for w in caught if issubclass(w.category, CtporeWarning)]
+
+
+@pytest.mark.parametrize("zooms, slice_axis, expected", [
+    ((0.01, 0.02, 0.01), None, 1),   # in-plane 0.01 x 0.02 along k; square along j (0.01 x 0.01)
+    ((0.02, 0.01, 0.01), None, 0),   # square along i
+    ((0.02, 0.01, 0.01), 1, 0),      # a chosen axis is questioned too
+    ((0.01, 0.02, 0.01), 1, None),   # the right axis: silent
+    ((0.01, 0.01, 0.01), None, None),  # isotropic
+    ((0.01, 0.01, 0.05), None, None),  # thicker slices along k, the common case
+    ((0.01, 0.0100001, 0.05), None, None),  # within 1 %: square
+    ((0.01, 0.02, 0.03), None, None),  # no axis gives square pixels: nothing to suggest
+])
+def test_transposed_scan_hint(tmp_path, zooms, slice_axis, expected):
+    p = tmp_path / "hint.nii"
+    img = nib.Nifti1Image(np.zeros((6, 7, 8), np.float32), np.diag([*zooms, 1.0]))
+    img.header.set_xyzt_units("mm")
+    nib.save(img, str(p))
+    hints = _hints(p, slice_axis=slice_axis)
+    if expected is None:
+        assert hints == []
+    else:
+        assert len(hints) == 1 and f"pass --slice-axis {expected}" in hints[0] and p.name in hints[0]
+        assert _hints(p, slice_axis=expected) == []  # following the hint silences it
+        lab = tmp_path / "hint_label.nii"
+        nib.save(nib.Nifti1Image(np.zeros((6, 7, 8), np.uint8), np.diag([*zooms, 1.0])), str(lab))
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            read_label(lab, like=load_scan(p, slice_axis=expected).geometry)
+        assert caught == []  # a label is not hinted at: its scan was
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ __all__ = ["get_reader", "write_image", "write_labels", "simulated_scan"]
 
 
 def get_reader(path) -> Optional[Callable]:
-    """A function that reads ``path`` (a scan file or a folder of TIFF slices) into an image
+    """A function that reads ``path`` (a scan file or a folder of slices) into an image
     layer, or None for what ctpore cannot read. Never raises."""
     if isinstance(path, (list, tuple)):
         if len(path) != 1:

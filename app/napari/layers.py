@@ -163,7 +163,7 @@ def simulated_layers(seed: int = 2026, shape=(64, 128, 128)) -> list[LayerData]:
 def is_readable(path) -> bool:
     """Whether ``path`` opens as a scan (a cheap header check; never raises)."""
     from ctpore.data.io import load_scan
-    from ctpore.data.io.formats import file_kind
+    from ctpore.data.io.registry import file_kind
 
     try:
         p = Path(path)

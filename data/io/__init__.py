@@ -1,4 +1,6 @@
-"""Volumes in and out: NIfTI (``.nii``, ``.nii.gz``) and TIFF (a multi-page file or a folder of slices).
+"""Volumes in and out. In: NIfTI (``.nii``, ``.nii.gz``), TIFF (a multi-page file or a folder of
+slices), HDF5 (``.h5``, ``.hdf5``, ``.hdf``), MetaImage (``.mhd`` + data file, ``.mha``), OME-Zarr
+(``.ome.zarr``, ``.zarr``) and folders of PNG, BMP or JPEG slices. Out: NIfTI (or TIFF).
 
 Inside ctpore a volume is an array ``(Z, Y, X)``: slices, rows, columns. This module is the only
 place that knows how a file's voxel order maps to that, and back.
@@ -26,6 +28,23 @@ the stack is already ``(Z, Y, X)``, so ``slice_axis`` must be None or 0. Spacing
 metadata (``unit``, ``spacing`` for z, XResolution/YResolution for x/y); a TIFF without ImageJ
 metadata (or with unit ``pixel``) has spacing 1.0 and units ``"unknown"``.
 
+Axis convention (other formats)
+-------------------------------
+The slices are along the format's own first axis of the stored array, already ``(Z, Y, X)``:
+HDF5 datasets (``/exchange/data`` as tomopy and DXchange write it, the file's only 3D dataset, or
+``scan.h5:/group/name``), MetaImage's DimSize third axis (data x fastest), OME-Zarr's first
+spatial axis, the files of a folder in natural order. ``slice_axis`` must be None or 0. Spacing:
+HDF5 ``element_size_um`` or DXchange's detector pixel sizes, MetaImage ElementSpacing (taken as
+mm, as ITK does), OME-Zarr scale transformations with their axis units; PNG, BMP and JPEG carry
+none (units ``"unknown"``). Outputs of these scans are NIfTI with that spacing.
+
+Slice-axis hint
+---------------
+When a NIfTI scan's chosen slice axis gives non-square in-plane pixels (their sizes differ by
+more than 1 %) and another file axis would give square ones, :func:`load_scan` warns
+(:class:`~ctpore.errors.CtporeWarning`, once) naming the ``--slice-axis`` to try. Isotropic scans
+and scans with thicker (or thinner) slices along the chosen axis are silent.
+
 Units
 -----
 NIfTI ``xyzt_units`` ``mm``, ``micron`` and ``meter`` are converted to mm. Unknown units (code 0,
@@ -35,8 +54,9 @@ common in files from tools that do not set them) are *treated as mm* and reporte
 Sizes policy
 ------------
 Before any voxel is read or allocated, the sizes a header (NIfTI) or the tags (TIFF) describe are
-checked against the file: uncompressed data must end inside the file, and deflate data
-(``.nii.gz``, Deflate TIFF) cannot expand more than 1032:1. A header that lies is refused with one
+checked against the file: uncompressed data must end inside the file (NIfTI, TIFF, MetaImage raw
+data, HDF5 contiguous data and chunks, BMP), and deflate data (``.nii.gz``, Deflate TIFF, zlib
+MetaImage, deflate HDF5 chunks, PNG) cannot expand more than 1032:1. A header that lies is refused with one
 line (``is truncated or its header is wrong: ...``) instead of allocating what it claims. What a
 reader must hold at once (one slice; a whole ``.nii.gz`` read along i or j; a TIFF image that is
 one 3D page) must fit in the memory available, and a ``MemoryError`` while opening or reading
@@ -60,24 +80,29 @@ Examples
 
 Rooms
 -----
-``geometry``  :class:`Geometry` (where a volume came from), units, the slice-axis permutation.
-``formats``   file kinds and suffixes, output stems, the checks every reader shares.
+``geometry``  :class:`Geometry` (where a volume came from), units, the slice-axis permutation and hint.
+``formats``   suffixes and the checks every reader shares (sizes, memory, optional packages).
+``reader``    :class:`~ctpore.data.io.reader.Reader`, the protocol every reader follows.
+``registry``  ``READERS``, the one table of formats: which reader opens which path, file kinds,
+              output stems, the list of formats in messages, :func:`open_reader`.
 ``nifti``     the NIfTI reader and the NIfTI image written back in the input's voxel order.
 ``tiff``      the TIFF readers (a multi-page file, a folder of slices) and the ImageJ writer.
+``hdf5``, ``metaimage``, ``omezarr``, ``images``   the other readers (images: PNG, BMP, JPEG folders).
 ``scan``      :class:`Scan` (lazy slices of any format), :func:`load_scan`, :func:`read_volume`,
               :func:`read_label`.
 ``write``     :func:`save_volume` (whole or not at all, through :mod:`ctpore.atomic`).
 
-A new format is a reader class in its own module (``__init__(path)``, ``geometry``, ``dtype``,
-``shape``, ``read(start, stop) -> (n, Y, X)``, ``close()``) plus one line in
-:func:`ctpore.data.io.scan.open_reader`.
+A new format is a reader module (a class following :class:`~ctpore.data.io.reader.Reader`:
+``path``, ``geometry``, ``dtype``, ``windowed``, ``sequential``, ``read(start, stop)``,
+``read_window(...)``, ``close()``) plus one line in ``READERS``
+(:mod:`ctpore.data.io.registry`), or one ``register(Format(...))`` call.
 """
 
 from __future__ import annotations
 
-from ctpore.data.io.formats import output_stem
 from ctpore.data.io.geometry import Geometry, geometry_from_array
-from ctpore.data.io.scan import Scan, load_scan, read_label, read_volume
+from ctpore.data.io.registry import file_kind, output_stem
+from ctpore.data.io.scan import Scan, label_slice_axis, load_scan, read_label, read_volume
 from ctpore.data.io.write import save_volume
 
 __all__ = [
@@ -88,5 +113,7 @@ __all__ = [
     "read_label",
     "save_volume",
     "output_stem",
+    "file_kind",
+    "label_slice_axis",
     "geometry_from_array",
 ]

@@ -1,4 +1,5 @@
-"""File kinds, suffixes and output stems; the checks every reader shares.
+"""Suffixes and the checks every reader shares (which reader opens which file is in
+:mod:`ctpore.data.io.registry`).
 
 Sizes a header claims are checked before anything is allocated or read: the data a header
 describes must fit in the file (:func:`truncated_error`), a compressed stream cannot expand more
@@ -8,6 +9,7 @@ than :data:`DEFLATE_MAX_RATIO` times, and what a reader must hold at once must f
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from pathlib import Path
@@ -19,11 +21,9 @@ from ctpore.errors import InputError
 __all__ = [
     "NIFTI_SUFFIXES",
     "TIFF_SUFFIXES",
-    "SUPPORTED_HELP",
     "reason",
-    "file_kind",
-    "split_suffix",
-    "output_stem",
+    "optional_import",
+    "split_inner",
     "natural_key",
     "check_grayscale_dtype",
     "check_3d",
@@ -39,7 +39,6 @@ __all__ = [
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 TIFF_SUFFIXES = (".tiff", ".tif")
-SUPPORTED_HELP = "ctpore reads NIfTI (.nii, .nii.gz) and TIFF (.tif, .tiff, or a folder of TIFF slices)"
 
 # A deflate stream (gzip, zlib, TIFF Deflate) expands at most about 1032:1: a length code of 258
 # bytes with a distance code takes at least 2 bits. Measured on zeros: 1028.6:1.
@@ -55,39 +54,46 @@ def reason(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
-def file_kind(path: Path) -> str:
-    """``"nifti"``, ``"tiff"``, ``"folder"`` or ``""`` (unsupported), from the name."""
-    if path.is_dir():
-        return "folder"
-    low = path.name.lower()
-    if low.endswith(NIFTI_SUFFIXES):
-        return "nifti"
-    if low.endswith(TIFF_SUFFIXES):
-        return "tiff"
-    return ""
+def optional_import(module: str, path: Path, what: str):
+    """``import module``, or an :class:`InputError` naming the pip command when it is not installed.
+
+    Parameters
+    ----------
+    module : str
+        The package to import, e.g. ``"h5py"``.
+    path : Path
+        The scan that needs it (named in the error).
+    what : str
+        The format, e.g. ``"HDF5"``.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise InputError(
+            f"reading {what} needs the Python package {module}, which is not installed here "
+            f"({reason(exc)}); install it with: pip install {module} (or install ctpore with its formats extra: pip install '.[formats]' in its folder)",
+            path,
+        ) from None
 
 
-def split_suffix(name: str) -> tuple[str, str]:
-    """``("scan", ".nii.gz")`` for ``"scan.nii.gz"``; the suffix keeps its case."""
-    low = name.lower()
-    for suffix in NIFTI_SUFFIXES + TIFF_SUFFIXES:
-        if low.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)], name[-len(suffix):]
-    return name, ""
-
-
-def output_stem(path: str | Path) -> str:
-    """File name without ``.nii.gz``, ``.nii``, ``.tif`` or ``.tiff``; a folder gives its name.
+def split_inner(path: str | Path, suffixes: tuple[str, ...]) -> tuple[Path, str | None]:
+    """``(Path("scan.h5"), "/exchange/data")`` for ``"scan.h5:/exchange/data"`` (a file with one of
+    ``suffixes``, a colon, a path inside the file); ``(path, None)`` when ``path`` exists or has no
+    such part.
 
     Examples
     --------
-    >>> output_stem("/data/rock_01.nii.gz"), output_stem("b.TIF"), output_stem("c.raw")
-    ('rock_01', 'b', 'c.raw')
+    >>> split_inner("a/scan.H5:/exchange/data", (".h5",))
+    (PosixPath('a/scan.H5'), '/exchange/data')
     """
-    path = Path(path)
-    if path.is_dir():
-        return path.name
-    return split_suffix(path.name)[0]
+    text = str(path)
+    if not suffixes or Path(text).exists():
+        return Path(text), None
+    alternatives = "|".join(re.escape(s) for s in suffixes)
+    match = re.match(r"^(.+?(?:" + alternatives + r")):(.+)$", text, re.IGNORECASE)
+    if match is None:
+        return Path(text), None
+    return Path(match.group(1)), match.group(2)
 
 
 def natural_key(name: str) -> tuple:

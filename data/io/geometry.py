@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ctpore.errors import InputError
 
-__all__ = ["Geometry", "geometry_from_array", "to_mm", "f32_decimal", "check_slice_axis", "zyx_permutation"]
+__all__ = ["Geometry", "geometry_from_array", "to_mm", "f32_decimal", "zyx_permutation", "slice_axis_hint",
+           "SQUARE_TOLERANCE", "unit_to_mm"]
+
+# Two pixel sizes within this relative difference count as equal (square pixels) for the hint.
+SQUARE_TOLERANCE = 0.01
 
 
 def to_mm(value: float, mm_per_unit: float) -> float:
@@ -24,6 +27,33 @@ def to_mm(value: float, mm_per_unit: float) -> float:
     if mm_per_unit < 1.0:
         return value / round(1.0 / mm_per_unit)
     return value * mm_per_unit
+
+
+# Unit names (lower case) as HDF5 attributes and OME-Zarr axes write them -> (name ctpore reports, mm per unit).
+_UNITS = {
+    **dict.fromkeys(("mm", "millimeter", "millimeters", "millimetre", "millimetres"), ("mm", 1.0)),
+    **dict.fromkeys(("um", "µm", "μm", "micron", "microns", "micrometer", "micrometers", "micrometre",
+                     "micrometres"), ("micron", 1e-3)),
+    **dict.fromkeys(("nm", "nanometer", "nanometers", "nanometre", "nanometres"), ("nm", 1e-6)),
+    **dict.fromkeys(("cm", "centimeter", "centimeters", "centimetre", "centimetres"), ("cm", 10.0)),
+    **dict.fromkeys(("m", "meter", "meters", "metre", "metres"), ("meter", 1e3)),
+    **dict.fromkeys(("angstrom", "angstroms", "å"), ("angstrom", 1e-7)),
+}
+
+
+def unit_to_mm(name: Any) -> tuple[str, float] | None:
+    """``("micron", 0.001)`` for ``"micrometer"``, ``"um"``, ...; None for an unknown unit.
+
+    Examples
+    --------
+    >>> unit_to_mm("Micrometer"), unit_to_mm("pixel")
+    (('micron', 0.001), None)
+    """
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    if not isinstance(name, str):
+        return None
+    return _UNITS.get(name.strip().lower())
 
 
 def f32_decimal(value: Any) -> float:
@@ -41,15 +71,16 @@ class Geometry:
     Attributes
     ----------
     format : str
-        ``"nifti"``, ``"tiff"`` (a multi-page file or a folder of slices) or ``"array"``
-        (an in-memory array, see :func:`geometry_from_array`).
+        The reader's format: ``"nifti"``, ``"tiff"`` (a multi-page file or a folder of slices),
+        ``"hdf5"``, ``"metaimage"``, ``"ome-zarr"``, ``"png"``, ``"bmp"``, ``"jpeg"`` (folders of
+        slices), ... or ``"array"`` (an in-memory array, see :func:`geometry_from_array`).
     shape : tuple of int
         ``(Z, Y, X)``: the volume as ctpore sees it.
     spacing_mm : tuple of float
         ``(z, y, x)`` voxel size in mm, converted from the file's units (unknown units are
         taken as mm; see ``units``).
     slice_axis : int
-        The file's voxel axis that is Z (NIfTI: 0, 1 or 2; TIFF and arrays: 0).
+        The file's voxel axis that is Z (NIfTI: 0, 1 or 2; other formats and arrays: 0).
     file_shape : tuple of int
         The data's shape as stored in the file (NIfTI: ``(i, j, k[, 1, ...])``; TIFF: the
         shape tifffile reports for the series, or ``(n_files, Y, X)`` for a folder).
@@ -63,6 +94,9 @@ class Geometry:
     units : str
         Spatial unit named in the file: ``"mm"``, ``"micron"``, ``"meter"``, ... or
         ``"unknown"`` (then the numbers were taken as mm).
+    slice_axis_choosable : bool
+        Whether the format lets the user choose which file axis is Z (NIfTI: True). A label read
+        for such a scan takes the scan's slice axis when its own format allows it too.
     """
 
     format: str
@@ -74,6 +108,7 @@ class Geometry:
     header: object | None = None
     permutation: tuple[int, int, int] = (0, 1, 2)
     units: str = "mm"
+    slice_axis_choosable: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
@@ -163,27 +198,57 @@ def geometry_from_array(
     )
 
 
-def check_slice_axis(slice_axis: Any, path: Path, kind: str) -> int | None:
-    if slice_axis is None:
-        return None
-    if isinstance(slice_axis, bool) or not isinstance(slice_axis, (int, np.integer)):
-        raise InputError(f"slice axis must be 0, 1 or 2, got {slice_axis!r}", path)
-    slice_axis = int(slice_axis)
-    if kind != "nifti":
-        if slice_axis != 0:
-            raise InputError(
-                f"slice axis {slice_axis} only applies to NIfTI files; the slices of a TIFF stack "
-                "are its pages (leave the slice axis unset or use 0)",
-                path,
-            )
-        return 0
-    if slice_axis not in (0, 1, 2):
-        raise InputError(f"slice axis must be 0, 1 or 2, got {slice_axis}", path)
-    return slice_axis
-
-
 def zyx_permutation(slice_axis: int) -> tuple[int, int, int]:
     """``(s, b, a)`` with ``a < b`` the two other axes: file axes in ``(Z, Y, X)`` order."""
     a, b = (ax for ax in (0, 1, 2) if ax != slice_axis)
     return (slice_axis, b, a)
 
+
+
+def slice_axis_hint(geometry: Geometry) -> tuple[int, str] | None:
+    """Another file axis that looks more like the slice axis than the chosen one, with why.
+
+    The rule: the chosen slice axis gives non-square in-plane pixels (their two sizes differ by
+    more than :data:`SQUARE_TOLERANCE`, 1 %) while another file axis would give square ones. A
+    scanner's slices have square pixels; only their thickness may differ. So an isotropic scan,
+    and one with thicker (or thinner) slices along the chosen axis, give no hint.
+
+    Parameters
+    ----------
+    geometry : Geometry
+        A scan's geometry; only a format with a choosable slice axis can give a hint.
+
+    Returns
+    -------
+    (int, str) or None
+        The file axis to try and a sentence saying why; None when the chosen axis is plausible.
+
+    Examples
+    --------
+    >>> g = Geometry("nifti", (4, 5, 6), (0.01, 0.02, 0.01), 2, (6, 5, 4), permutation=(2, 1, 0),
+    ...              slice_axis_choosable=True)
+    >>> slice_axis_hint(g)[0]
+    1
+    """
+    if not geometry.slice_axis_choosable:
+        return None
+    file_spacing = [0.0, 0.0, 0.0]
+    for zyx, axis in enumerate(geometry.permutation):
+        file_spacing[axis] = geometry.spacing_mm[zyx]
+
+    def square(axis: int) -> bool:
+        a, b = (file_spacing[ax] for ax in (0, 1, 2) if ax != axis)
+        return abs(a - b) <= SQUARE_TOLERANCE * max(a, b)
+
+    s = geometry.slice_axis
+    if square(s):
+        return None
+    others = [t for t in (0, 1, 2) if t != s and square(t)]
+    if len(others) != 1:
+        return None
+    t = others[0]
+    _, dy, dx = geometry.spacing_mm
+    d = next(file_spacing[ax] for ax in (0, 1, 2) if ax != t)
+    unit = "mm" if geometry.units != "unknown" else "units"
+    return t, (f"its in-plane pixels are {dy:g} x {dx:g} {unit} with the slices along file axis {s}, but "
+               f"would be square ({d:g} x {d:g} {unit}) with the slices along file axis {t}")

@@ -33,7 +33,7 @@ from ctpore.data.io.formats import (
 from ctpore.data.io.geometry import Geometry, f32_decimal, to_mm, zyx_permutation
 from ctpore.errors import InputError
 
-__all__ = ["NiftiReader", "nifti_image"]
+__all__ = ["NiftiReader", "nifti_image", "keeps_voxel_order"]
 
 # NIfTI xyzt_units spatial names (as nibabel reports them) -> mm per unit.
 _NIFTI_UNIT_MM = {"mm": 1.0, "micron": 1e-3, "meter": 1e3, "unknown": 1.0}
@@ -41,6 +41,9 @@ _NIFTI_UNIT_MM = {"mm": 1.0, "micron": 1e-3, "meter": 1e3, "unknown": 1.0}
 
 class NiftiReader:
     """One ``.nii``/``.nii.gz`` file read lazily as ``(n, Y, X)`` slabs (see :mod:`ctpore.data.io`).
+
+    A :class:`~ctpore.data.io.reader.Reader`: windowed when uncompressed (memory-mapped),
+    sequential when compressed (``.nii.gz``).
 
     Raises
     ------
@@ -92,6 +95,7 @@ class NiftiReader:
         self._fd: int | None = None  # uncompressed, slice axis 2: read with os.pread
         self.cache: np.ndarray | None = None  # .nii.gz read along i or j: whole raw data
         self.gz = gz
+        self.sequential = gz  # reading backwards decompresses the stream again from its start
         try:
             if not gz:
                 self.memmap = self.proxy.get_unscaled()  # np.memmap, nothing read yet
@@ -124,7 +128,13 @@ class NiftiReader:
             header=header.copy(),
             permutation=self.perm,
             units=unit,
+            slice_axis_choosable=True,
         )
+
+    @property
+    def windowed(self) -> bool:
+        """Whether a window is read alone: an uncompressed (memory-mapped) file."""
+        return self.memmap is not None
 
     def _check_gzip_complete(self, header: Any) -> None:
         """Detect a truncated .nii.gz without decompressing it when possible.
@@ -199,6 +209,10 @@ class NiftiReader:
             raw = np.asarray(self.proxy[key])  # nibabel applies scl_slope/scl_inter here
         return raw.transpose(self.perm)  # (n, Y, X)
 
+    def read_window(self, start: int, stop: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Slices ``start:stop``, rows ``y0:y1``, columns ``x0:x1`` (see :meth:`read`)."""
+        return self.read(start, stop, slice(y0, y1), slice(x0, x1))
+
     def close(self) -> None:
         # Dropping the proxy closes the file kept open by nibabel (keep_file_open=True).
         if self._fd is not None:
@@ -259,9 +273,15 @@ def _check_cache_memory(path: Path, file_shape: tuple[int, ...], dtype: np.dtype
         raise InputError(_cache_message(file_shape, dtype, nbytes, slice_axis, problem), path)
 
 
+def keeps_voxel_order(geometry: Geometry) -> bool:
+    """Whether :func:`nifti_image` writes in the input's voxel order with its header: the geometry
+    carries a NIfTI header (it came from a NIfTI file). Otherwise it writes ``(i, j, k) = (x, y, z)``."""
+    return isinstance(geometry.header, nib.Nifti1Header)  # Nifti2Header is a Nifti1Header too
+
+
 def nifti_image(data_zyx: np.ndarray, geometry: Geometry) -> nib.Nifti1Image:
     """The NIfTI image to write, in the input's voxel order with its header."""
-    if geometry.format == "nifti" and geometry.header is not None:
+    if keeps_voxel_order(geometry):
         header = geometry.header.copy()  # type: ignore[attr-defined]
         inverse = tuple(int(i) for i in np.argsort(geometry.permutation))
         data = data_zyx.transpose(inverse)  # back to (i, j, k)
@@ -275,7 +295,7 @@ def nifti_image(data_zyx: np.ndarray, geometry: Geometry) -> nib.Nifti1Image:
         # affine=None: the header's qform/sform (matrices, codes), pixdim and units are kept
         # exactly as they are; nibabel would rewrite them from a passed affine.
         return cls(data, None, header)
-    # TIFF or array origin: NIfTI (i, j, k) = (x, y, z); qform and sform both "scanner" (1).
+    # Any other origin (TIFF, HDF5, ..., an array): NIfTI (i, j, k) = (x, y, z); qform and sform both "scanner" (1).
     data = data_zyx.transpose(2, 1, 0)  # (X, Y, Z)
     z, y, x = geometry.spacing_mm
     affine = np.diag([x, y, z, 1.0])

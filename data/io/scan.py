@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 import nibabel as nib
 import numpy as np
 
-from ctpore.data.io.formats import SUPPORTED_HELP, check_fits_memory, file_kind, out_of_memory, reason, size_text
-from ctpore.data.io.geometry import Geometry, check_slice_axis
-from ctpore.data.io.nifti import NiftiReader
-from ctpore.data.io.tiff import TiffFolderReader, TiffStackReader
-from ctpore.errors import InputError
+from ctpore.data.io.formats import check_fits_memory, out_of_memory, reason, size_text
+from ctpore.data.io.geometry import Geometry, slice_axis_hint
+from ctpore.data.io.registry import find_format, open_reader
+from ctpore.errors import CtporeWarning, InputError
 from ctpore.progress import ProgressFn
 
-__all__ = ["Scan", "load_scan", "read_volume", "read_label", "open_reader"]
+__all__ = ["Scan", "load_scan", "read_volume", "read_label", "label_slice_axis", "open_reader"]
 
 # Slices read per chunk when streaming a whole volume (about this many bytes of float32).
 _CHUNK_BYTES = 64 * 2**20
@@ -26,51 +26,6 @@ _CHUNK_BYTES = 64 * 2**20
 def _chunk_slices(shape_zyx: tuple[int, int, int]) -> int:
     _, y, x = shape_zyx
     return max(1, _CHUNK_BYTES // max(1, 4 * y * x))
-
-
-def open_reader(path: Path, slice_axis: int | None):
-    """Check the path and open the right reader.
-
-    The readers check the sizes a header describes against the file before reading; here one
-    slice must also fit in memory, and a ``MemoryError`` while opening becomes an
-    :class:`InputError` that says so (the readers let it through so that it is not reported as a
-    corrupt file).
-    """
-    try:
-        reader = _open_reader(path, slice_axis)
-    except MemoryError:
-        raise out_of_memory(path, "opening it") from None
-    _, y, x = reader.geometry.shape
-    itemsize = np.dtype(reader.dtype).itemsize
-    try:
-        # A slice is read raw, made float32 and joined to its chunk: about itemsize + 8 bytes a voxel.
-        check_fits_memory(path, y * x * (itemsize + 8), f"reading one {y} x {x} slice",
-                          "use a machine with more memory, or check that the file's header is right")
-    except InputError:
-        reader.close()
-        raise
-    return reader
-
-
-def _open_reader(path: Path, slice_axis: int | None):
-    if not path.exists():
-        raise InputError("file not found", path)
-    kind = file_kind(path)
-    if not kind:
-        suffix = path.suffix or "(none)"
-        raise InputError(f"unsupported file type {suffix}; {SUPPORTED_HELP}", path)
-    slice_axis = check_slice_axis(slice_axis, path, kind)
-    if kind == "folder":
-        return TiffFolderReader(path)
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise InputError(f"cannot read the file ({reason(exc)})", path) from exc
-    if size == 0:
-        raise InputError("the file is empty (0 bytes)", path)
-    if kind == "nifti":
-        return NiftiReader(path, slice_axis)
-    return TiffStackReader(path)
 
 
 def _allocate(path: Path, shape: tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
@@ -91,7 +46,7 @@ class Scan:
     Parameters
     ----------
     path : str or Path
-        A ``.nii``/``.nii.gz`` file, a ``.tif``/``.tiff`` file, or a folder of TIFF slices.
+        A scan in any format of :data:`ctpore.data.io.registry.READERS` (see :func:`load_scan`).
     slice_axis : int, optional
         NIfTI only: the file axis that is Z (default 2, k). See the module docstring.
 
@@ -105,9 +60,10 @@ class Scan:
     Notes
     -----
     ``scan[z0:z1]`` equals ``scan.read_slices(z0, z1)``, so a Scan can stand where a
-    ``(Z, Y, X)`` array is read in chunks of slices. A ``.nii.gz`` is kept open between reads
-    (reading forward is cheap; reading backwards re-decompresses from the start, so the last
-    chunk read is kept to serve overlapping halos). Reading a ``.nii.gz`` along i or j
+    ``(Z, Y, X)`` array is read in chunks of slices. A sequential reader (``.nii.gz``, a
+    compressed MetaImage) is kept open between reads (reading forward is cheap; reading
+    backwards re-decompresses from the start, so the last chunk read is kept to serve
+    overlapping halos). Reading a ``.nii.gz`` along i or j
     (``slice_axis`` 0 or 1) decompresses the whole data once and keeps it in memory.
     :meth:`close` releases files; a later read reopens them. A Scan pickles as its path and
     slice axis (files reopen on the worker).
@@ -120,7 +76,9 @@ class Scan:
         self._reader = open_reader(self.path, slice_axis)
         self.geometry: Geometry = self._reader.geometry
         self.dtype: np.dtype = np.dtype(self._reader.dtype)
-        self._last: tuple[int, int, np.ndarray] | None = None  # last chunk read (gz only)
+        self._windowed = bool(self._reader.windowed)
+        self._sequential = bool(self._reader.sequential)
+        self._last: tuple[int, int, np.ndarray] | None = None  # last chunk read (sequential readers only)
 
     # -- array-like surface ------------------------------------------------------------------
 
@@ -137,6 +95,16 @@ class Scan:
     def spacing_mm(self) -> tuple[float, float, float]:
         """``(z, y, x)`` voxel size in mm."""
         return self.geometry.spacing_mm
+
+    @property
+    def windowed(self) -> bool:
+        """Whether :meth:`read_window` reads only the window from disk (else whole planes)."""
+        return self._windowed
+
+    @property
+    def sequential(self) -> bool:
+        """Whether reading backwards is costly (a compressed stream read from its start)."""
+        return self._sequential
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -218,7 +186,7 @@ class Scan:
             try:
                 with np.errstate(over="ignore", invalid="ignore"):
                     out = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
-                if getattr(reader, "gz", False):
+                if self._sequential:
                     self._last = (start, stop, out.copy())
             except MemoryError:
                 raise out_of_memory(self.path, f"reading slices {start}..{stop - 1}") from None
@@ -253,15 +221,16 @@ class Scan:
     def read_window(self, start: int, stop: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Slices ``start:stop``, rows ``y0:y1``, columns ``x0:x1`` as float32 ``(n, h, w)``.
 
-        From an uncompressed NIfTI only the window is read; other formats read the planes and
-        crop them. Raises :class:`InputError` for NaN or Inf in the window, as :meth:`read_slices`.
+        From a windowed reader (:attr:`windowed`: uncompressed NIfTI or MetaImage, HDF5, OME-Zarr)
+        only the window is read; other formats read the planes and crop them. Raises
+        :class:`InputError` for NaN or Inf in the window, as :meth:`read_slices`.
         """
         reader = self._ensure_open()
-        if getattr(reader, "memmap", None) is None:
+        if not self._windowed:
             return self.read_slices(start, stop)[:, y0:y1, x0:x1]
         with self._lock:
             try:
-                raw = reader.read(start, stop, slice(y0, y1), slice(x0, x1))
+                raw = reader.read_window(start, stop, y0, y1, x0, x1)
             except InputError:
                 raise
             except MemoryError:
@@ -315,7 +284,7 @@ class Scan:
             "qform_code": None,
             "sform_code": None,
         }
-        if g.format == "nifti" and g.header is not None and g.affine is not None:
+        if g.affine is not None and g.header is not None:  # a NIfTI header: orientation and codes
             codes = nib.aff2axcodes(g.affine)
             codes = tuple(c or "?" for c in codes)
             info["orientation"] = "".join(codes)
@@ -364,6 +333,8 @@ class Scan:
             "_slice_axis": self._slice_axis,
             "geometry": self.geometry,
             "dtype": self.dtype,
+            "_windowed": self._windowed,
+            "_sequential": self._sequential,
         }
 
     def __setstate__(self, state: dict) -> None:
@@ -380,13 +351,23 @@ def load_scan(path: str | Path, slice_axis: int | None = None) -> Scan:
     ----------
     path : str or Path
         ``.nii``, ``.nii.gz``, ``.tif``/``.tiff`` (multi-page, a single 3D page, or an ImageJ
-        stack) or a folder of single-slice ``.tif``/``.tiff`` files (natural order).
+        stack), HDF5 (``.h5``, ``.hdf5``, ``.hdf``; ``scan.h5:/group/name`` picks a dataset),
+        MetaImage (``.mhd`` with its data file, ``.mha``), OME-Zarr (``.ome.zarr``, ``.zarr``), or a
+        folder of single-slice TIFF, PNG, BMP or JPEG files (natural order). The table of formats
+        is :data:`ctpore.data.io.registry.READERS`.
     slice_axis : int, optional
-        NIfTI: the file axis (0, 1, 2) that is Z; default 2. TIFF: None or 0.
+        NIfTI: the file axis (0, 1, 2) that is Z; default 2. Other formats: None or 0.
 
     Returns
     -------
     Scan
+
+    Warns
+    -----
+    CtporeWarning
+        When another file axis looks more like the slice axis than the chosen one (non-square
+        in-plane pixels that another axis would make square; see
+        :func:`ctpore.data.io.geometry.slice_axis_hint`), naming the ``--slice-axis`` to try.
 
     Raises
     ------
@@ -399,7 +380,14 @@ def load_scan(path: str | Path, slice_axis: int | None = None) -> Scan:
         (or whatever must be held whole) does not fit in memory; a ``MemoryError`` while opening
         or reading becomes an :class:`InputError` that says the scan does not fit in memory.
     """
-    return Scan(path, slice_axis)
+    scan = Scan(path, slice_axis)
+    hint = slice_axis_hint(scan.geometry)
+    if hint is not None:
+        axis, why = hint
+        # stacklevel 1: the same hint for the same scan is shown once per process, however often it is opened
+        warnings.warn(f"{scan.path}: {why}; if the slices run along file axis {axis}, pass --slice-axis {axis} "
+                      f"(slice_axis={axis} in Python)", CtporeWarning, stacklevel=1)
+    return scan
 
 
 def read_volume(path: str | Path, slice_axis: int | None = None) -> tuple[np.ndarray, Geometry]:
@@ -418,8 +406,8 @@ def read_label(
     path : str or Path
         Label file or folder (same formats as :func:`load_scan`).
     slice_axis : int, optional
-        As for :func:`load_scan`. When None and ``like`` is a NIfTI geometry and the label is
-        NIfTI, ``like.slice_axis`` is used, so the label is cut the same way as its scan.
+        As for :func:`load_scan`. When None, :func:`label_slice_axis` decides (the scan's slice
+        axis when both formats let it be chosen), so the label is cut the same way as its scan.
     like : Geometry, optional
         The scan's geometry; the label's ``(Z, Y, X)`` shape must equal it.
 
@@ -430,9 +418,9 @@ def read_label(
         from ``like`` (both shapes are given), or anything :func:`load_scan` refuses.
     """
     path = Path(path)
-    if slice_axis is None and like is not None and like.format == "nifti" and file_kind(path) == "nifti":
-        slice_axis = like.slice_axis
-    with load_scan(path, slice_axis) as scan:
+    if slice_axis is None:
+        slice_axis = label_slice_axis(like, path)
+    with Scan(path, slice_axis) as scan:  # not load_scan: the scan's own hint is enough
         if like is not None and tuple(scan.shape) != tuple(like.shape):
             raise InputError(
                 f"label shape (Z, Y, X) = {scan.shape} differs from the scan's {tuple(like.shape)}; "
@@ -462,3 +450,16 @@ def read_label(
     return out
 
 
+def label_slice_axis(like: Geometry | None, label_path: str | Path) -> int | None:
+    """The slice axis to read a label with so that it is cut as its scan was.
+
+    ``like.slice_axis`` when the scan's format and the label's both let the slice axis be chosen
+    (e.g. both NIfTI); None (the label format's own slices) otherwise, or when ``like`` is None.
+    """
+    if like is None or not like.slice_axis_choosable:
+        return None
+    try:
+        fmt = find_format(label_path)
+    except InputError:
+        return None  # load_scan says what is wrong with the label
+    return like.slice_axis if fmt is not None and fmt.slice_axis_choosable else None

@@ -16,7 +16,6 @@ import tifffile
 
 from ctpore.data.io.formats import (
     DEFLATE_MAX_RATIO,
-    SUPPORTED_HELP,
     TIFF_SUFFIXES,
     check_3d,
     check_fits_memory,
@@ -29,6 +28,7 @@ from ctpore.data.io.formats import (
     truncated_error,
 )
 from ctpore.data.io.geometry import Geometry, to_mm
+from ctpore.data.io.reader import PlaneReader
 from ctpore.errors import InputError
 
 __all__ = ["TiffStackReader", "TiffFolderReader", "write_tiff"]
@@ -147,7 +147,7 @@ def _check_series_fits(series: Any, path: Path, what: str = "the image") -> None
             )
 
 
-class TiffStackReader:
+class TiffStackReader(PlaneReader):
     """One TIFF file: pages as slices, or a single 3D page / contiguous ImageJ stack."""
 
     def __init__(self, path: Path):
@@ -229,7 +229,7 @@ class TiffStackReader:
             pass
 
 
-class TiffFolderReader:
+class TiffFolderReader(PlaneReader):
     """A folder of single-slice TIFF files, in natural order."""
 
     def __init__(self, path: Path):
@@ -242,7 +242,7 @@ class TiffFolderReader:
         except OSError as exc:
             raise InputError(f"cannot list the folder ({reason(exc)})", path) from exc
         if not names:
-            raise InputError(f"the folder holds no .tif/.tiff slices; {SUPPORTED_HELP}", path)
+            raise InputError("the folder holds no .tif/.tiff slices", path)
         self.files = sorted(names, key=lambda p: natural_key(p.name))
         shape_yx: tuple[int, int] | None = None
         dtype: np.dtype | None = None

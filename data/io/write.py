@@ -10,9 +10,9 @@ import nibabel as nib
 import numpy as np
 
 from ctpore.atomic import atomic_write
-from ctpore.data.io.formats import file_kind, reason
+from ctpore.data.io.formats import NIFTI_SUFFIXES, TIFF_SUFFIXES, reason
 from ctpore.data.io.geometry import Geometry
-from ctpore.data.io.nifti import nifti_image
+from ctpore.data.io.nifti import keeps_voxel_order, nifti_image
 from ctpore.data.io.tiff import write_tiff
 from ctpore.errors import InputError, NonFiniteError
 
@@ -92,8 +92,9 @@ def save_volume(
         NaN/Inf in the volume.
     """
     path = Path(path)
-    kind = file_kind(path) if not path.is_dir() else "folder"
-    if kind not in ("nifti", "tiff"):
+    low = path.name.lower()
+    nifti = low.endswith(NIFTI_SUFFIXES)
+    if path.is_dir() or not (nifti or low.endswith(TIFF_SUFFIXES)):
         raise InputError(
             "output must end with .nii, .nii.gz, .tif or .tiff", path
         )
@@ -113,7 +114,7 @@ def save_volume(
     folder = path.parent if str(path.parent) else Path(".")
     try:
         with atomic_write(path) as tmp:
-            if kind == "nifti":
+            if nifti:
                 nib.save(nifti_image(data, geometry), str(tmp))
             else:
                 write_tiff(tmp, data, geometry)
@@ -144,10 +145,10 @@ class SlabWriter:
         import gzip
 
         self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
-        if file_kind(self.path) != "nifti":
+        if not self.path.name.lower().endswith(NIFTI_SUFFIXES):
             raise InputError("a volume written slab by slab must be NIfTI (.nii or .nii.gz)", self.path)
         # The file's axes in (Z, Y, X) order: the slices are its last axis unless the scan says otherwise.
-        perm = tuple(geometry.permutation) if geometry.format == "nifti" else (2, 1, 0)
+        perm = tuple(geometry.permutation) if keeps_voxel_order(geometry) else (2, 1, 0)
         self._spool = None
         if perm != (2, 1, 0):  # z is not the file's slowest axis: keep the slabs until the end
             import tempfile
