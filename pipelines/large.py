@@ -218,17 +218,20 @@ def _binary_slab(scan: Scan, s0: int, s1: int, path) -> np.ndarray:
 
 
 
-def plan_budget(model, shape: tuple[int, int, int], memory_gb: float, rss: float) -> tuple[int, tuple[int, int]]:
+def plan_budget(model, shape: tuple[int, int, int], memory_gb: float, rss: float, device=None,
+                gpu_memory_gb: float | None = None) -> tuple[int, tuple[int, int]]:
     """How ``reconstruct_large`` spends ``memory_gb`` for the whole process, ``rss`` bytes already used:
     the slab of post-processing (slices) and the model's ``(tile, chunk_slices)``.
 
-    A quarter of what is left goes to the slab, the rest (less a margin) to the model's tiles.
+    A quarter of what is left goes to the slab, the rest (less a margin) to the model's tiles; on
+    CUDA the tiles follow the GPU's memory instead (``gpu_memory_gb``, see
+    :func:`~ctpore.pipelines.stream.plan_for_device`) and the rest bounds the host's staging.
     """
-    from ctpore.pipelines.stream import plan_streaming
+    from ctpore.pipelines.stream import plan_for_device
 
     budget = memory_gb * 2**30 - rss - 64 * 2**20
     slab = max(1, min(shape[0], 64, int(budget * 0.25) // max(1, slab_bytes(shape[1:], 1))))
-    return slab, plan_streaming(model, shape, budget - slab_bytes(shape[1:], slab))
+    return slab, plan_for_device(model, shape, budget - slab_bytes(shape[1:], slab), device, gpu_memory_gb)
 
 
 def reconstruct_large(
@@ -245,6 +248,7 @@ def reconstruct_large(
     tile: int | None = None,
     progress: ProgressFn = None,
     attention_backend: str | None = None,
+    gpu_memory_gb: float | None = None,
 ) -> dict:
     """``ctpore reconstruct`` with PoreFormer, slab by slab: writes ``paths`` and returns the metrics.
 
@@ -267,7 +271,7 @@ def reconstruct_large(
     with load_scan(scan_path, slice_axis=slice_axis) as scan:  # a bad scan is said before the weights load
         model, meta, post, wpath = load_for_inference(weights, dev, attention_backend)
         shape, geometry = tuple(scan.shape), scan.geometry
-        slab, plan = plan_budget(model, shape, memory_gb, current_rss())
+        slab, plan = plan_budget(model, shape, memory_gb, current_rss(), dev, gpu_memory_gb)
         tile = plan[0] if tile is None else tile
         chunk_slices = plan[1] if chunk_slices is None else chunk_slices
         lo, hi = robust_range(scan)

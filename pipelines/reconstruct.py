@@ -120,10 +120,10 @@ def _as_scan(scan, slice_axis, spacing_mm) -> tuple[Any, Geometry, Optional[Scan
 
 
 def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress, memory_gb=None,
-                        precision="auto", attention_backend=None):
+                        precision="auto", attention_backend=None, gpu_memory_gb=None):
 
     from ctpore.models.weights import load_for_inference, sha256_file
-    from ctpore.pipelines.stream import plan_streaming, predict, resolve_device
+    from ctpore.pipelines.stream import plan_for_device, predict, resolve_device
 
     dev = resolve_device(device)  # a usage error before any weights are read
     model, meta, post, path = load_for_inference(weights, dev, attention_backend)
@@ -136,7 +136,7 @@ def _predict_poreformer(volume, weights, device, chunk_slices, tile, progress, m
         else:  # a budget for the whole process, less what the rest of the run holds: this
             # process now, the probability map and the pores (and their post-processing), a margin
             budget = memory_gb * 2**30 - (current_rss() + nvox * (4 + 1 + 4) + _MARGIN_BYTES)
-        plan_tile, plan_chunk = plan_streaming(model, volume.shape, budget)
+        plan_tile, plan_chunk = plan_for_device(model, volume.shape, budget, dev, gpu_memory_gb)
         tile = plan_tile if tile is None else tile
         chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
     lo, hi = robust_range(volume)
@@ -186,6 +186,7 @@ def reconstruct(
     memory_gb: Optional[float] = None,
     precision: str = DEFAULTS["precision"],
     attention_backend: Optional[str] = None,
+    gpu_memory_gb: Optional[float] = None,
 ) -> Reconstruction:
     """Reconstruct the 3D pore phase of a scan.
 
@@ -220,6 +221,9 @@ def reconstruct(
     attention_backend : {"auto", "flash", "sdpa", "math"}, optional
         Override the attention backend stored with the weights (the metrics report the one
         that ran).
+    gpu_memory_gb : float, optional
+        On CUDA, the most GPU memory (GB) the tiles and chunks may take. Default: the GPU's free
+        memory less a margin.
 
     Returns
     -------
@@ -232,7 +236,7 @@ def reconstruct(
         info: dict = {"model": {"name": concrete, "sha256": None}, "attention_backend": None, "device": "cpu"}
         if concrete == "poreformer":
             prob, pf = _predict_poreformer(volume, weights, device, chunk_slices, tile, progress,
-                                           memory_gb, precision, attention_backend)
+                                           memory_gb, precision, attention_backend, gpu_memory_gb)
             info.update(pf)
             pores = (prob >= info["threshold"]).astype(np.uint8)  # on the raw probability
             if info["min_size"] > 1:
@@ -289,10 +293,13 @@ def reconstruct_file(
     precision: str = DEFAULTS["precision"],
     attention_backend: Optional[str] = None,
     annotate: Optional[dict] = None,
+    gpu_memory_gb: Optional[float] = None,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring).
 
     ``annotate``: extra keys for the metrics file (``ctpore batch`` records its options there).
+    ``gpu_memory_gb``: on CUDA, the most GPU memory the tiles and chunks may take (see
+    :func:`reconstruct`).
 
     Returns
     -------
@@ -312,7 +319,7 @@ def reconstruct_file(
             metrics = reconstruct_large(
                 scan_path, paths, weights=weights, device=device, slice_axis=slice_axis, truth=truth,
                 memory_gb=memory_gb, precision=precision, chunk_slices=chunk_slices, tile=tile, progress=progress,
-                attention_backend=attention_backend,
+                attention_backend=attention_backend, gpu_memory_gb=gpu_memory_gb,
             )
             metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)
@@ -320,7 +327,7 @@ def reconstruct_file(
     result = reconstruct(
         scan_path, method, weights=weights, device=device, slice_axis=slice_axis, truth=truth,
         chunk_slices=chunk_slices, tile=tile, progress=progress, memory_gb=memory_gb, precision=precision,
-        attention_backend=attention_backend,
+        attention_backend=attention_backend, gpu_memory_gb=gpu_memory_gb,
     )
     result.metrics.update(annotate or {})
     with output_set(paths):
