@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 from typing import Callable
@@ -160,12 +161,12 @@ def _kernel_case(dev: torch.device, d_model: int, n_heads: int, n_kv_heads: int 
         res["sdpa_kernels"] = {}
         m = _identity_attention("sdpa", d_model, n_heads, n_kv_heads, window).to(dev, torch.bfloat16)
         for name, kernel in _sdpa_backends():
-            try:
+            with _why_not() as why:
                 with _force(kernel):
                     err = float((run(m, torch.bfloat16) - truth).abs().max())
                 res["sdpa_kernels"][name] = {"error": err, "within_twice_math": err <= 2 * bound}
-            except RuntimeError as exc:
-                res["sdpa_kernels"][name] = {"refused": _line(exc)}
+            if why:
+                res["sdpa_kernels"][name] = {"refused": why[0]}
     return res
 
 
@@ -197,9 +198,23 @@ def _force(kernel):
     return sdpa_kernel([kernel])
 
 
-def _line(exc: BaseException, limit: int = 300) -> str:
+def _line(exc: BaseException | Warning | str, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextmanager
+def _why_not():
+    """Run a forced kernel: an exception inside is swallowed and its line, with the reasons
+    PyTorch gave in warnings ("... not used because ..."), put in the list this yields."""
+    why: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield why
+        except Exception as exc:  # noqa: BLE001 (any refusal is a result here, not a failure)
+            reasons = [_line(w.message, 160) for w in caught if "because" in str(w.message)][:3]
+            why.append(_line("; ".join([f"{type(exc).__name__}: {_line(exc, 160)}", *reasons]), 600))
 
 
 #: aten operators of PyTorch's SDPA kernels (what ``scaled_dot_product_attention`` dispatches to).
@@ -240,12 +255,12 @@ def sdpa_kernel_ran(args: dict) -> dict:
                 kernels[e.key[:120]] += e.count
         accepted = {}
         for name, kernel in _sdpa_backends():
-            try:
+            with _why_not() as why:
                 with _force(kernel):
                     run()
                 accepted[name] = True
-            except RuntimeError as exc:
-                accepted[name] = _line(exc)
+            if why:
+                accepted[name] = why[0]
     ran = [SDPA_OPERATORS[k] for k, _n in ops.most_common()]
     return {"shape": list(shape), "precision": "auto", "ran": "+".join(ran) or "none", "operators": dict(ops),
             "gpu_kernels": dict(kernels.most_common(8)), "accepted_when_forced": accepted,
