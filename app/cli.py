@@ -51,6 +51,7 @@ def _rdefault(key):
 
 #: The defaults of configs/reconstruct.yaml as --help shows them (tests check they agree).
 _SHOWN_DEFAULTS = {"method": "auto", "device": "cpu", "memory_gb": "1.5", "precision": "auto"}
+_GPU_MEMORY_DEFAULT = "the GPU's free memory less a margin"
 
 
 class _MethodChoice(click.Choice):
@@ -99,7 +100,9 @@ def _method_help() -> str:
          help="cpu, cuda, cuda:1, ... (PoreFormer only).")
 @_option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default=_SHOWN_DEFAULTS["memory_gb"],
          type=click.FloatRange(0.25),
-         help="Memory budget of the whole PoreFormer run (GB): tiles and chunks follow from it.")
+         help="Host memory budget of the whole PoreFormer run (GB): tiles and chunks follow from it (on CPU).")
+@_option("--gpu-memory-gb", default=None, type=click.FloatRange(0.25), show_default=_GPU_MEMORY_DEFAULT,
+         help="On CUDA, the most GPU memory (GB) tiles and chunks may take; --memory-gb still bounds the host.")
 @_option("--chunk-slices", default=None, type=click.IntRange(1), show_default="the fastest that fits --memory-gb",
          help="Slices per streamed chunk.")
 @_option("--tile", default=None, type=click.IntRange(8), show_default="the fastest that fits --memory-gb",
@@ -113,8 +116,8 @@ def _method_help() -> str:
 @_option("--min-pore-voxels", default=None, type=click.IntRange(0), show_default="off",
          help="Also remove pore components smaller than this many voxels (a size rule of your own, on top of "
               "the method's post-processing; recorded in the metrics).")
-def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, chunk_slices,
-                tile, precision, attention_backend, min_pore_voxels):
+def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
+                chunk_slices, tile, precision, attention_backend, min_pore_voxels):
     """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
@@ -127,8 +130,9 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
     Memory: the whole process is bounded by --memory-gb (default 1.5 GB): the scan is streamed
     from disk slab by slab, and a larger budget allows larger tiles and chunks. The U-Net
     baselines hold the whole scan in memory, whatever --memory-gb says. Time grows with the
-    number of voxels (slices x rows x columns); with a CUDA GPU, use --device cuda. See
-    docs/performance.md for measured figures.
+    number of voxels (slices x rows x columns); with a CUDA GPU, use --device cuda: the tiles
+    then follow the GPU's free memory (at most --gpu-memory-gb) and --memory-gb bounds the host
+    (CUDA's libraries count in it). See docs/performance.md for measured figures.
 
     Exit codes: 0 done; 2 bad input or usage (one line on stderr per bad scan, naming the file);
     1 internal error (ctpore batch: 3 when some scans failed).
@@ -145,7 +149,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                     scan, outdir, method, overwrite=overwrite, weights=weights, device=device,
                     slice_axis=slice_axis, truth=truth, chunk_slices=chunk_slices, tile=tile, progress=bar,
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
-                    min_pore_voxels=min_pore_voxels,
+                    min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
                 )
         except InputError as exc:
             _error(str(exc))
@@ -179,7 +183,10 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
          help="The method's weights (.safetensors), for the learned methods.")
 @_option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default=_SHOWN_DEFAULTS["memory_gb"],
          type=click.FloatRange(0.25), help="Memory budget of each worker's scan (GB), as reconstruct's.")
-def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb):
+@_option("--gpu-memory-gb", default=None, type=click.FloatRange(0.25), show_default=_GPU_MEMORY_DEFAULT,
+         help="On CUDA, the most GPU memory (GB) each scan's tiles and chunks may take, as reconstruct's.")
+def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb,
+          gpu_memory_gb):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
@@ -195,7 +202,8 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
     with _Progress("batch") as bar:
         res = run_batch(manifest, outdir, scheduler=scheduler, workers=workers, gpus_per_worker=gpus_per_worker,
                         retries=retries, part=part, progress=bar, on_record=said,
-                        options={"method": method, "weights": weights, "memory_gb": memory_gb})
+                        options={"method": method, "weights": weights, "memory_gb": memory_gb,
+                                 "gpu_memory_gb": gpu_memory_gb})
     s = summarize(res["records"])
     if res["dashboard"]:
         click.echo(f"Dask dashboard was at {res['dashboard']}")
@@ -384,29 +392,39 @@ def bench_speed(shape, repeats, workdir, outdir):
 
 @bench.command("gpu")
 @_option("--workdir", default=Path("runs/gpu"), show_default=True, type=click.Path(path_type=Path),
-         help="Where the generated scans and outputs go (scans are removed after use).")
-@_option("--sizes", default="512x512x512,2048x1024x1024", show_default=True,
-         help="Scan shapes Z x Y x X to time, comma-separated.")
+         help="Where the generated scan and outputs go (the scan is removed after use).")
 @_option("--device", default="cuda", show_default=True, help="The CUDA device to check (cuda, cuda:1, ...).")
-@_option("--memory-gb", default=32.0, show_default=True, type=click.FloatRange(0.25),
-         help="Memory budget of each timed reconstruct run (GB).")
+@_option("--model-shape", default="256x1024x1024", show_default=True,
+         help="Z x Y x X of the model-alone timing (a random volume in memory).")
+@_option("--reconstruct-shape", default="128x512x512", show_default=True,
+         help="Z x Y x X of the generated scan the whole-process reconstruct is timed on.")
+@_option("--memory-gb", default=16.0, show_default=True, type=click.FloatRange(0.25),
+         help="Host memory budget of the timed reconstruct (GB).")
+@_option("--gpu-memory-gb", default=None, type=click.FloatRange(0.25), show_default=_GPU_MEMORY_DEFAULT,
+         help="GPU memory cap of the timed runs (GB).")
+@_option("--time-limit", default=300, show_default=True, type=click.IntRange(30),
+         help="Seconds for the whole run; each step also has its own timeout.")
 @_option("-o", "--out", default=Path("docs/gpu.json"), show_default=True, type=click.Path(path_type=Path),
-         help="Where the figures are written (JSON).")
-def bench_gpu(workdir, sizes, device, memory_gb, out):
-    """GPU checks in one run: flash vs sdpa vs math in bf16, the backend that ran, voxels/s on CUDA."""
+         help="The figures (JSON), rewritten after every step.")
+def bench_gpu(workdir, device, model_shape, reconstruct_shape, memory_gb, gpu_memory_gb, time_limit, out):
+    """GPU checks in one short run: flash vs sdpa vs math (kernel and model), the SDPA kernel that ran,
+    voxels/s and GPU peak memory. Each step runs in its own process with a timeout; one that fails is
+    recorded and the next runs. Exit code 3 when some step failed."""
+    from ctpore.app.console import parse_shape
     from ctpore.pipelines.bench.gpu import bench_gpu as run
 
-    try:
-        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in sizes.split(",") if s.strip()]
-    except ValueError:
-        raise InputError(f"--sizes must be shapes like 512x512x512, comma-separated; got {sizes!r}") from None
-    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
-        raise InputError(f"--sizes must be shapes like 512x512x512, comma-separated; got {sizes!r}")
+    shapes = parse_shape(model_shape, "--model-shape"), parse_shape(reconstruct_shape, "--reconstruct-shape")
+    cmd = (f"ctpore bench gpu --device {device} --model-shape {model_shape} --reconstruct-shape {reconstruct_shape} "
+           f"--memory-gb {memory_gb:g} --time-limit {time_limit}"
+           + (f" --gpu-memory-gb {gpu_memory_gb:g}" if gpu_memory_gb is not None else ""))
     with _Progress("gpu") as bar:
-        res = run(workdir, shapes, device=device, memory_gb=memory_gb, out=out, progress=bar)
-    click.echo(json.dumps(res, indent=2))
+        res = run(workdir, out, device=device, model_shape=shapes[0], reconstruct_shape=shapes[1], memory_gb=memory_gb,
+                  gpu_memory_gb=gpu_memory_gb, time_limit=time_limit, progress=bar, command=cmd)
+    for name, step in res["steps"].items():
+        why = next((e["error"] for e in res["errors"] if e["step"] == name), "")
+        click.echo(f"{name:<12} {'ok' if step['ok'] else 'FAILED':<6} {step['seconds']:7.1f} s  {why}".rstrip())
     click.echo(f"wrote {out}")
-    return EXIT_OK
+    return EXIT_PARTIAL if res["errors"] else EXIT_OK
 
 
 @bench.command("quality")

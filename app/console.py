@@ -12,7 +12,7 @@ import warnings
 
 import click
 
-from ctpore.errors import CtporeWarning
+from ctpore.errors import CtporeWarning, InputError
 
 __all__ = ["Progress", "error", "warn", "resource_error", "check_device", "show_warning", "Option", "option",
            "SLICE_AXIS_HELP", "DEVICE_UNAVAILABLE", "MEMORY_ADVICE"]
@@ -114,7 +114,7 @@ def resource_error(exc: BaseException) -> str | None:
         if isinstance(e, MemoryError):
             return f"out of memory: the scan did not fit in memory{f' ({detail})' if detail else ''}; {MEMORY_ADVICE}"
         if oom_types and isinstance(e, oom_types):
-            return (f"the GPU ran out of memory ({detail}); try a smaller --memory-gb or --tile, or --device cpu "
+            return (f"the GPU ran out of memory ({detail}); try a smaller --gpu-memory-gb or --tile, or --device cpu "
                     "(set CTPORE_DEBUG=1 for the traceback)")
         if isinstance(e, (RuntimeError, AssertionError)):
             text = str(e)
@@ -170,3 +170,14 @@ def option(*decls, **attrs):
 
 
 SLICE_AXIS_HELP = "The file's voxel axis that holds the slices (NIfTI: 0, 1 or 2; a TIFF stack's slices are its pages)."
+
+
+def parse_shape(text: str, option: str) -> tuple[int, int, int]:
+    """``"128x512x512"`` as ``(128, 512, 512)``; an :class:`InputError` naming ``option`` otherwise."""
+    try:
+        dims = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 1:
+        raise InputError(f"{option} must be Z x Y x X, like 128x512x512; got {text!r}")
+    return dims  # type: ignore[return-value]

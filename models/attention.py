@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctpore.errors import InputError, NonFiniteError
-from ctpore.models.backends import BACKENDS, flash_available, load_flash, resolve_backend
+from ctpore.models.backends import BACKENDS, flash_available, flash_capable, load_flash, resolve_backend
 from ctpore.models.kv_cache import KVCache
 
 __all__ = [
@@ -296,9 +296,9 @@ class MultiHeadAttention(nn.Module):
         else:
             q, k, v = _tokenwise(self.qkv, x).split([self.d_model, self.kv_dim, self.kv_dim], dim=-1)
         if pos_v is not None:
-            pos_v = pos_v.to(v.dtype)
-            # V = W_v x + pos_enc(z); in place (into the fresh qkv buffer) when no grad is taken.
-            v = v + pos_v if torch.is_grad_enabled() else v.add_(pos_v)
+            # V = W_v x + pos_enc(z); in place (into the fresh qkv buffer) when no grad is taken,
+            # where a wider pos_v (fp32 under autocast) is added before the one rounding to V's dtype.
+            v = v + pos_v.to(v.dtype) if torch.is_grad_enabled() else v.add_(pos_v)
         q = q.view(b, z, self.n_heads, self.head_dim)  # (B, Z, H, D)
         k = k.view(b, z, self.n_kv_heads, self.head_dim)  # (B, Z, Hkv, D)
         v = v.view(b, z, self.n_kv_heads, self.head_dim)  # (B, Z, Hkv, D)
@@ -451,7 +451,7 @@ class MultiHeadAttention(nn.Module):
 
     @staticmethod
     def _flash_ok(q: torch.Tensor) -> bool:
-        return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+        return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and flash_capable(q.device)
 
     def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
         """flash-attn; (B, Z, H, D) layout in and out, GQA native, bottom-right causal."""

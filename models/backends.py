@@ -14,7 +14,7 @@ import torch
 
 from ctpore.errors import InputError
 
-__all__ = ["BACKENDS", "flash_available", "load_flash", "resolve_backend"]
+__all__ = ["BACKENDS", "flash_available", "flash_capable", "load_flash", "resolve_backend"]
 
 BACKENDS = ("auto", "flash", "sdpa", "math")
 
@@ -29,8 +29,8 @@ def load_flash() -> tuple[Callable | None, str]:
     if not torch.cuda.is_available():
         why = "CUDA is not available"
     else:
-        try:
-            major, _minor = torch.cuda.get_device_capability()
+        try:  # every visible GPU by its index (none made current); the kernel runs on capable ones
+            major = max(torch.cuda.get_device_capability(i)[0] for i in range(torch.cuda.device_count()))
         except Exception as exc:  # a broken driver: report, do not crash
             major, why = 0, f"cannot read the GPU's compute capability ({exc})"
         if major < 8 and not why:
@@ -39,7 +39,8 @@ def load_flash() -> tuple[Callable | None, str]:
             try:
                 from flash_attn import flash_attn_func  # noqa: PLC0415 (optional, lazy)
             except (ImportError, OSError) as exc:
-                why = f"flash-attn cannot be imported ({exc}); install ctpore[gpu]"
+                why = (f"flash-attn cannot be imported ({exc}); install it with "
+                       "pip install flash-attn --no-build-isolation (see the README)")
             else:
                 if "window_size" not in inspect.signature(flash_attn_func).parameters:
                     why = "flash-attn is too old (no window_size); install flash-attn>=2.3"
@@ -47,6 +48,24 @@ def load_flash() -> tuple[Callable | None, str]:
                     fn = flash_attn_func
     _flash_cache["fn"], _flash_cache["why"] = fn, why
     return fn, why
+
+
+def flash_capable(device: torch.device) -> bool:
+    """Whether flash-attn's kernel can run on the CUDA ``device`` (compute capability >= 8.0).
+
+    Asked of that device by its index (cached per device), so a run on ``cuda:1`` never
+    queries ``cuda:0``.
+    """
+    if device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = f"cc{index}"
+    if key not in _flash_cache:
+        try:
+            _flash_cache[key] = torch.cuda.get_device_capability(index)[0] >= 8
+        except Exception:  # a broken driver: sdpa takes the call
+            _flash_cache[key] = False
+    return bool(_flash_cache[key])
 
 
 def flash_available() -> bool:

@@ -107,6 +107,17 @@ class Block(nn.Module):
             self.mlp = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, mlp_hidden), nn.GELU(),
                                      nn.Linear(mlp_hidden, d), nn.Dropout(cfg.dropout))
 
+    def pos_term(self, zfeat: torch.Tensor) -> torch.Tensor | None:
+        """The z-position term added into V, ``(Zq, Hkv*D)`` (None without ``pos_in_v``).
+
+        In the weights' precision (fp32) under autocast too: it is rounded once, where it is added
+        into V.
+        """
+        if self.pos is None:
+            return None
+        with torch.autocast(zfeat.device.type, enabled=False):
+            return self.pos(zfeat.to(self.pos.weight.dtype))
+
     def forward(self, t: torch.Tensor, zfeat: torch.Tensor, cache: KVCache | None = None,
                 need_weights: bool = False, check: bool = False, rows: slice | None = None,
                 n_rows: int | None = None):
@@ -114,7 +125,7 @@ class Block(nn.Module):
 
         ``rows``/``n_rows``: ``t`` is that band of the tile's columns (see :meth:`KVCache.extend`).
         """
-        pos_v = self.pos(zfeat) if self.pos is not None else None  # (Zq, Hkv*D)
+        pos_v = self.pos_term(zfeat)
         a = self.attn(self.ln1(t), pos_v=pos_v, cache=cache, need_weights=need_weights, check=check,
                       cache_rows=rows, n_rows=n_rows)
         w = None

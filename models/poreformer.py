@@ -51,11 +51,39 @@ from ctpore.models.blocks import Block, channels_last, conv3x3, gelu_, up2, z_fe
 from ctpore.models.kv_cache import KVCache
 from ctpore.models.poreformer_config import PoreFormerConfig
 
-__all__ = ["PoreFormer", "PoreFormerConfig", "z_features"]
+__all__ = ["PoreFormer", "PoreFormerConfig", "band_tokens", "no_autocast", "z_features"]
 
 #: Full-resolution tokens processed at a time in inference (a band of rows of the tile): bounds
 #: the working memory of the full-resolution part and keeps its tensors in the CPU's caches.
 _BAND_TOKENS = 1 << 17
+
+#: Rows of the fp32 head computed at a time when the tokens are in half precision (autocast):
+#: bounds the fp32 copy of the tokens the head reads.
+_HEAD_ROWS = 1 << 18
+
+
+def band_tokens(device: torch.device | str | None = None) -> int:
+    """Full-resolution tokens PoreFormer processes at a time in inference on ``device``.
+
+    On CPU a band fits the caches; a GPU wants large launches, so its band is 32 times larger.
+    :meth:`PoreFormer.inference_bytes` and the forward pass both take it from here.
+
+    Examples
+    --------
+    >>> band_tokens("cuda") // band_tokens("cpu")
+    32
+    """
+    kind = torch.device(device).type if device is not None else "cpu"
+    return _BAND_TOKENS * (32 if kind == "cuda" else 1)
+
+
+def no_autocast(device_type: str):
+    """A context in which autocast is off: what runs inside keeps its inputs' dtype (fp32).
+
+    PoreFormer runs its cheap, precision-sensitive parts (the stem, the z-position encoding and
+    the head) in fp32 this way when the rest runs under bf16/fp16 autocast.
+    """
+    return torch.autocast(device_type, enabled=False)
 
 
 class PoreFormer(nn.Module):
@@ -160,7 +188,7 @@ class PoreFormer(nn.Module):
         self.config.attention_backend = name
 
     def inference_bytes(self, window: tuple[int, int], core: tuple[int, int], chunk: int,
-                        dtype_bytes: int = 4) -> int:
+                        dtype_bytes: int = 4, device: torch.device | str | None = None) -> int:
         """Working memory (bytes) of streaming one tile: a ``window`` read for a ``core``, ``chunk``
         slices at a time, caches included (an estimate from the activations' sizes; the
         allocator's slack is left to the caller's margin).
@@ -171,6 +199,11 @@ class PoreFormer(nn.Module):
             ``(rows, columns)`` of the tile's window (core plus halo) and of its core.
         chunk : int
             Slices per forward call.
+        dtype_bytes : int
+            Bytes per activation (4: fp32; under bf16 autocast most are 2, so 4 is an upper bound).
+        device : torch.device or str, optional
+            Where the model runs: the full-resolution band is :func:`band_tokens` of it (larger
+            on CUDA). Default: CPU.
         """
         cfg = self.config
         wpx, cpx = window[0] * window[1], core[0] * core[1]
@@ -185,9 +218,9 @@ class PoreFormer(nn.Module):
         # One band of full-resolution tokens: up + stem projections, tokens, norm, q, k/v with
         # the cached ones, the attention output and the head.
         kv = (cfg.n_kv_heads or cfg.n_heads) * (cfg.d_model // cfg.n_heads)
-        band_tokens = min(_BAND_TOKENS, chunk * cpx)
+        n_band = min(band_tokens(device), chunk * cpx)
         w = cfg.window or 64
-        band = band_tokens * (5 * cfg.d_model + 2 * kv * (1 + (w - 1) / max(chunk, 1)) + 8)
+        band = n_band * (5 * cfg.d_model + 2 * kv * (1 + (w - 1) / max(chunk, 1)) + 8)
         # KV caches: W - 1 slices of keys and values per attention block.
         caches = cfg.n_layers * (w - 1) * cpx * 2 * kv
         lw = cfg.level_window or 64
@@ -288,9 +321,10 @@ class PoreFormer(nn.Module):
         if not len(self.blocks) or self.blocks[-1].mlp is not None or self.training:
             return None
         proj, head = self.blocks[-1].attn.proj, self.head
-        w_t = head.weight.t()  # (C, 1)
-        w_a = (head.weight @ proj.weight).t()  # (C, 1)
-        bias = head.bias + (head.weight @ proj.bias if proj.bias is not None else 0.0)
+        with no_autocast(head.weight.device.type):  # in the weights' dtype, whatever autocast says
+            w_t = head.weight.t()  # (C, 1)
+            w_a = (head.weight @ proj.weight).t()  # (C, 1)
+            bias = head.bias + (head.weight @ proj.bias if proj.bias is not None else 0.0)
         return w_t, w_a, bias
 
     # ---------------------------------------------------------------------------------------
@@ -341,7 +375,8 @@ class PoreFormer(nn.Module):
         py, px = (-y) % a, (-xx) % a
         if py or px:
             img = F.pad(img, (0, px, 0, py), mode="replicate")
-        s0 = channels_last(gelu_(self.stem(img)))  # (Z*B, C0, Y', X')
+        with no_autocast(img.device.type):  # the stem in the input's precision (fp32), autocast or not
+            s0 = channels_last(gelu_(self.stem(img)))  # (Z*B, C0, Y', X')
         if check:
             check_finite(s0, "encoder", "output")
         feats, h = [s0], s0
@@ -377,7 +412,7 @@ class PoreFormer(nn.Module):
         b, z, y, xx = x.shape
         mt, mb, ml, mr = margins
         oy, ox, d = y - mt - mb, xx - ml - mr, self.config.d_model
-        per_band = _BAND_TOKENS * (32 if x.is_cuda else 1)  # a GPU wants large launches
+        per_band = band_tokens(x.device)  # a GPU wants large launches
         whole = torch.is_grad_enabled() or need_weights or b > 1
         band = oy if whole else max(1, min(oy, per_band // max(1, ox * z)))
         fold = None if (torch.is_grad_enabled() or need_weights or check) else self._fold_last_block()
@@ -403,15 +438,35 @@ class PoreFormer(nn.Module):
                 if w is not None:
                     maps.append((1, (oy, ox), w))
             if fold is None:
-                lg = self.head(tok)  # (N, Z, 1)
+                with no_autocast(tok.device.type):  # the logits in the head's precision (fp32)
+                    lg = self.head(tok.to(self.head.weight.dtype))  # (N, Z, 1)
             else:  # head(t + proj(a)) = head(t) + (head . proj)(a): no projection, no residual add
-                last, (w_t, w_a, bias) = self.blocks[-1], fold
-                a = last.attn(last.ln1(tok), pos_v=None if last.pos is None else last.pos(zfeat), cache=caches[-1],
+                last = self.blocks[-1]
+                a = last.attn(last.ln1(tok), pos_v=last.pos_term(zfeat), cache=caches[-1],
                               cache_rows=rows, n_rows=b * oy * ox, project_out=False)
-                lg = torch.addmm(bias, tok.view(-1, d), w_t).addmm_(a.reshape(-1, d), w_a)
+                lg = _folded_head(tok.view(-1, d), a.reshape(-1, d), *fold)
             logits[:, :, r0:r1] = lg.view(b, rb, ox, z).permute(0, 3, 1, 2)
         if band < oy:
             for c in caches:
                 if c is not None:
                     c.commit(z)
         return logits
+
+
+def _folded_head(tok: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor, w_a: torch.Tensor,
+                 bias: torch.Tensor) -> torch.Tensor:
+    """``tok @ w_t + a @ w_a + bias`` (``(N, 1)``) in the weights' dtype, autocast or not.
+
+    Tokens in the weights' dtype (fp32 inference) take one ``addmm`` and one in-place ``addmm_``;
+    half-precision tokens (autocast) are widened ``_HEAD_ROWS`` rows at a time, so the logits are
+    computed in fp32 without an fp32 copy of the whole band.
+    """
+    with no_autocast(tok.device.type):
+        if tok.dtype == w_t.dtype and a.dtype == w_a.dtype:
+            return torch.addmm(bias, tok, w_t).addmm_(a, w_a)
+        out = torch.empty((tok.shape[0], 1), dtype=w_t.dtype, device=tok.device)
+        for i in range(0, tok.shape[0], _HEAD_ROWS):
+            rows = slice(i, i + _HEAD_ROWS)
+            torch.addmm(bias, tok[rows].to(w_t.dtype), w_t, out=out[rows])
+            out[rows].addmm_(a[rows].to(w_a.dtype), w_a)
+        return out

@@ -11,11 +11,15 @@ from typing import Optional
 
 from ctpore.data.postprocess import whole_slab
 
-__all__ = ["BASE_BYTES", "MODEL_BYTES_DEFAULT", "slab_bytes", "plan_budget"]
+__all__ = ["BASE_BYTES", "BASE_BYTES_CUDA", "MODEL_BYTES_DEFAULT", "slab_bytes", "plan_budget"]
 
 #: What the process holds before any scan: Python, PyTorch, the model and the libraries (about
 #: 0.25 GB measured on the project's CPU machine; a margin on top).
 BASE_BYTES = 320 * 2**20
+
+#: The same for a process that runs on CUDA, whose libraries and context also live in host memory
+#: (about 1.2 GB is usual).
+BASE_BYTES_CUDA = 1536 * 2**20
 
 #: Kept free of the plan for what the estimates do not see (allocator slack, metrics).
 MARGIN_BYTES = 64 * 2**20
@@ -30,13 +34,14 @@ def slab_bytes(plane: tuple[int, int], n: int) -> int:
     return int(n * plane[0] * plane[1] * 24)
 
 
-def plan_budget(shape: tuple[int, int, int], memory_gb: Optional[float]) -> tuple[int, float]:
+def plan_budget(shape: tuple[int, int, int], memory_gb: Optional[float], device=None) -> tuple[int, float]:
     """``(slab, predictor_bytes)``: slices per post-processing slab and the predictor's share of
-    ``memory_gb`` (GB for the whole run; None: slabs of about 8 M voxels and
+    ``memory_gb`` (GB of host memory for the whole run; None: slabs of about 8 M voxels and
     :data:`MODEL_BYTES_DEFAULT` for the predictor).
 
-    A quarter of what is left after :data:`BASE_BYTES` and a margin goes to the slab (at most 64
-    slices), the rest to the predictor.
+    A quarter of what is left after :data:`BASE_BYTES` (:data:`BASE_BYTES_CUDA` for a CUDA
+    ``device``) and a margin goes to the slab (at most 64 slices), the rest to the predictor (on
+    CUDA: its host staging buffers; the GPU's own memory is planned apart).
 
     Examples
     --------
@@ -45,6 +50,7 @@ def plan_budget(shape: tuple[int, int, int], memory_gb: Optional[float]) -> tupl
     """
     if memory_gb is None:
         return whole_slab(shape), float(MODEL_BYTES_DEFAULT)
-    budget = memory_gb * 2**30 - BASE_BYTES - MARGIN_BYTES
+    cuda = device is not None and str(device).startswith("cuda")
+    budget = memory_gb * 2**30 - (BASE_BYTES_CUDA if cuda else BASE_BYTES) - MARGIN_BYTES
     slab = max(1, min(shape[0], 64, int(budget * 0.25) // max(1, slab_bytes(shape[1:], 1))))
     return slab, budget - slab_bytes(shape[1:], slab)

@@ -212,6 +212,7 @@ def run_reconstruction(
     tile: Optional[int] = None,
     precision: str = "auto",
     min_pore_voxels: Optional[int] = None,
+    gpu_memory_gb: Optional[float] = None,
     progress: ProgressFn = None,
 ) -> dict:
     """The pipeline every entry runs (see the module docstring); returns the metrics.
@@ -234,12 +235,15 @@ def run_reconstruction(
         None: the predictor's own working memory within 1 GB and slabs of about 8 M voxels.
     min_pore_voxels : int, optional
         A size rule of the user's on top of the method's post-processing.
+    gpu_memory_gb : float, optional
+        On CUDA, the most GPU memory (GB) the tiles and chunks may take (default: the GPU's free
+        memory less a margin); ``memory_gb`` then bounds the host.
     """
     shape = tuple(int(s) for s in geometry.shape)
-    slab, model_budget = plan_budget(shape, memory_gb)
+    slab, model_budget = plan_budget(shape, memory_gb, getattr(predictor, "device", None))
     plan = getattr(predictor, "plan", None)
     if plan is not None and (tile is None or chunk_slices is None):
-        plan_tile, plan_chunk = plan(shape, model_budget)
+        plan_tile, plan_chunk = plan(shape, model_budget, gpu_memory_gb)
         tile = plan_tile if tile is None else tile
         chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
     post = predictor.post.with_user_rules(min_pore_voxels)
@@ -327,6 +331,7 @@ def reconstruct(
     attention_backend: Optional[str] = None,
     min_pore_voxels: Optional[int] = None,
     predictor: Any = None,
+    gpu_memory_gb: Optional[float] = None,
 ) -> Reconstruction:
     """Reconstruct the 3D pore phase of a scan, in memory.
 
@@ -366,6 +371,9 @@ def reconstruct(
     predictor : Predictor, optional
         An already built predictor (its weights loaded once for many scans); ``method``,
         ``weights``, ``device`` and ``attention_backend`` are then not used.
+    gpu_memory_gb : float, optional
+        On CUDA, the most GPU memory (GB) the tiles and chunks may take. Default: the GPU's free
+        memory less a margin.
 
     Returns
     -------
@@ -381,7 +389,8 @@ def reconstruct(
         sink = _ArraySink(geometry.shape)
         metrics = run_reconstruction(volume, geometry, predictor, sink, truth=truth, slice_axis=slice_axis,
                                      memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
-                                     precision=precision, min_pore_voxels=min_pore_voxels, progress=progress)
+                                     precision=precision, min_pore_voxels=min_pore_voxels,
+                                     gpu_memory_gb=gpu_memory_gb, progress=progress)
     finally:
         if opened is not None:
             opened.close()
@@ -408,6 +417,7 @@ def reconstruct_file(
     min_pore_voxels: Optional[int] = None,
     annotate: Optional[dict] = None,
     predictor: Any = None,
+    gpu_memory_gb: Optional[float] = None,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
     within ``memory_gb`` for the whole process, whatever the scan's size.
@@ -431,7 +441,8 @@ def reconstruct_file(
             metrics = run_reconstruction(
                 scan, scan.geometry, predictor, _FileSink(paths, scan.geometry), folder=Path(paths["metrics"]).parent,
                 truth=truth, slice_axis=slice_axis, memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
-                precision=precision, min_pore_voxels=min_pore_voxels, progress=progress)
+                precision=precision, min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
+                progress=progress)
             _finish(metrics, scan.geometry, str(scan_path), t0)
             metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole

@@ -20,10 +20,18 @@ windows, never on the number of slices; :meth:`PoreFormer.inference_bytes` estim
 :func:`plan_streaming` picks the fastest tile and chunk that fit a budget. Without a window
 (``window=None``) a cache holds every earlier slice, so memory grows with the stack.
 
+On CUDA the working set lives on the GPU: :func:`plan_for_device` sizes tiles and chunks from
+the GPU's free memory (``torch.cuda.mem_get_info``, less a margin, capped by ``gpu_memory_gb``)
+with the band of tokens that runs there, and keeps the host's staging buffers within the host
+budget.
+
 Precision and device
 --------------------
 ``precision="auto"`` runs CUDA under bf16 autocast (fp16 where the GPU lacks bf16), so that the
 FlashAttention kernels, which take only half precision, are what runs; on CPU it stays fp32.
+Every CUDA call acts on the device asked for (``cuda:1`` never touches ``cuda:0``). The GPU is
+kept busy between chunks by :mod:`ctpore.pipelines.staging` (read-ahead, pinned buffers,
+non-blocking copies, writes behind).
 
 Reading
 -------
@@ -35,16 +43,18 @@ NIfTI from its memory map); otherwise whole planes are read per chunk, once per 
 
 from __future__ import annotations
 
-import math
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 import torch
 
 from ctpore.errors import InputError
+from ctpore.pipelines.staging import Staging, read_ahead
 from ctpore.progress import ProgressFn
 
-__all__ = ["PRECISIONS", "plan_streaming", "plan_tiles", "predict", "resolve_device"]
+__all__ = ["PRECISIONS", "gpu_budget", "plan_for_device", "plan_streaming", "plan_tiles", "predict",
+           "resolve_device", "stream_host_bytes"]
 
 
 def _check_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -97,18 +107,78 @@ CHUNK_EFFICIENCY = {32: 0.99, 16: 1.0, 8: 0.85, 4: 0.65, 2: 0.4, 1: 0.25}
 TILE_SIDES = (1024, 768, 512, 384, 256, 192, 128, 96, 64)
 
 
-def plan_streaming(model: Any, shape: tuple[int, int, int], budget_bytes: float) -> tuple[int, int]:
+#: Relative speed by slices per chunk on CUDA. Not measured yet (no GPU was at hand): a model in
+#: which every forward call costs a fixed launch overhead worth about four slices of work, so
+#: that a GPU prefers the longest chunks. ``ctpore bench gpu`` records the plan it ran.
+CUDA_CHUNK_EFFICIENCY = {32: 32 / 36, 16: 16 / 20, 8: 8 / 12, 4: 4 / 8, 2: 2 / 6, 1: 1 / 5}
+
+#: GPU memory kept out of the plan: the allocator's slack, cuDNN's and cuBLAS's workspaces and what
+#: the estimate does not see; the larger of this and a tenth of the free memory.
+GPU_MARGIN_BYTES = 2**30
+
+
+def stream_host_bytes(window: tuple[int, int], core: tuple[int, int], chunk: int) -> int:
+    """Host memory (bytes) of :func:`predict`'s staging on CUDA for one tile: the chunk being read
+    and normalized, its two pinned input buffers and a spare, and two pinned output buffers."""
+    return int(chunk * (4 * window[0] * window[1] + 2 * core[0] * core[1]) * 4)
+
+
+def gpu_budget(device: str | torch.device, gpu_memory_gb: float | None = None) -> float:
+    """Bytes of GPU memory a plan may use on the CUDA ``device``.
+
+    Its free memory (``torch.cuda.mem_get_info(device)``, plus what this process's allocator
+    holds unused) less :data:`GPU_MARGIN_BYTES` or a tenth of it, whichever is larger; at most
+    ``gpu_memory_gb`` when given.
+    """
+    dev = torch.device(device)
+    free, _total = torch.cuda.mem_get_info(dev)
+    free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)  # ours to reuse
+    budget = free - max(GPU_MARGIN_BYTES, 0.1 * free)
+    if gpu_memory_gb is not None:
+        budget = min(budget, gpu_memory_gb * 2**30)
+    return float(budget)
+
+
+def plan_for_device(model: Any, shape: tuple[int, int, int], host_budget: float,
+                    device: str | torch.device | None = None, gpu_memory_gb: float | None = None) -> tuple[int, int]:
+    """The fastest ``(tile, chunk_slices)`` for ``device`` within the budgets.
+
+    On CPU the model's working memory must fit ``host_budget`` (bytes; :func:`plan_streaming`).
+    On CUDA it must fit the GPU's budget (:func:`gpu_budget`: free memory less a margin, at most
+    ``gpu_memory_gb``), estimated with the band of tokens that runs on the GPU, while the host's
+    staging buffers (:func:`stream_host_bytes`) must fit ``host_budget``.
+
+    Raises
+    ------
+    InputError
+        When not even the smallest tile and chunk fit (the message names the option to raise).
+    """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type != "cuda":
+        return plan_streaming(model, shape, host_budget)
+    if gpu_memory_gb is not None and gpu_memory_gb <= 0:
+        raise InputError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb}")
+    return plan_streaming(model, shape, gpu_budget(dev, gpu_memory_gb), device=dev, host_budget_bytes=host_budget)
+
+
+def plan_streaming(model: Any, shape: tuple[int, int, int], budget_bytes: float, *,
+                   device: torch.device | None = None, host_budget_bytes: float | None = None) -> tuple[int, int]:
     """The fastest ``(tile, chunk_slices)`` whose working memory fits ``budget_bytes``.
 
     The working memory of one tile comes from ``model.inference_bytes``; speed is judged by the
     share of each window that is core (the halo is read but not kept) times
-    :data:`CHUNK_EFFICIENCY`. A plane that fits whole is one tile.
+    :data:`CHUNK_EFFICIENCY`. A plane that fits whole is one tile. With a CUDA ``device``
+    (see :func:`plan_for_device`) ``budget_bytes`` is the GPU's, the estimate uses that device's
+    band, :data:`CUDA_CHUNK_EFFICIENCY` judges speed, and the host's staging buffers must also fit
+    ``host_budget_bytes``.
 
     Raises
     ------
     InputError
         When not even the smallest tile and chunk fit (the message says how much is needed).
     """
+    cuda = device is not None and device.type == "cuda"
+    table = CUDA_CHUNK_EFFICIENCY if cuda else CHUNK_EFFICIENCY
     nz, ny, nx = shape
     align, halo = int(getattr(model, "align", 1)), int(getattr(model, "halo", 0))
     whole = -(-max(ny, nx) // align) * align
@@ -119,20 +189,27 @@ def plan_streaming(model: Any, shape: tuple[int, int, int], budget_bytes: float)
             tiles = plan_tiles(ny, nx, side, halo)
             window = max((w[1] - w[0], w[3] - w[2]) for _c, w in tiles)
             core = (min(side, ny), min(side, nx))
-            need = model.inference_bytes(window, core, chunk)
+            need = model.inference_bytes(window, core, chunk, device=device) if cuda else \
+                model.inference_bytes(window, core, chunk)
+            host = stream_host_bytes(window, core, chunk) if cuda else 0
             smallest = need if smallest is None else min(smallest, need)
-            if need > budget_bytes:
+            if need > budget_bytes or (host_budget_bytes is not None and host > host_budget_bytes):
                 continue
             kept = sum((c[1] - c[0]) * (c[3] - c[2]) for c, _w in tiles)
             read = sum((w[1] - w[0]) * (w[3] - w[2]) for _c, w in tiles)
-            score = CHUNK_EFFICIENCY.get(chunk, CHUNK_EFFICIENCY[min(CHUNK_EFFICIENCY, key=lambda c: abs(c - chunk))])
+            score = table.get(chunk, table[min(table, key=lambda c: abs(c - chunk))])
             score *= kept / read
             if best is None or score > best[0]:
                 best = (score, side, chunk)
             break  # the largest tile that fits this chunk
     if best is None:
-        raise InputError(f"the memory budget leaves {budget_bytes / 2**30:.2f} GB for the model, and even "
-                         f"the smallest tile needs {smallest / 2**30:.2f} GB; raise --memory-gb")
+        if cuda and smallest <= budget_bytes:
+            raise InputError(f"the host memory budget leaves {max(0.0, host_budget_bytes or 0) / 2**30:.2f} GB "
+                             "for the GPU's staging buffers, too little for the smallest tile; raise --memory-gb")
+        where, option = ("the GPU's free memory", "--gpu-memory-gb (or free the GPU)") if cuda else \
+            ("the memory budget", "--memory-gb")
+        raise InputError(f"{where} leaves {budget_bytes / 2**30:.2f} GB for the model, and even "
+                         f"the smallest tile needs {smallest / 2**30:.2f} GB; raise {option}")
     return best[1], best[2]
 
 
@@ -177,6 +254,10 @@ def _read_chunk(
     return arr
 
 
+#: Read the next chunk in a background thread on CPU too (always on CUDA). Off: on the 2-core CPU
+#: this project tests on, the reading thread competes with torch's threads for the cores.
+READ_AHEAD_ON_CPU = False
+
 #: Inference precisions: ``auto`` is bf16 autocast on CUDA (fp16 where the GPU lacks bf16), so
 #: that the flash kernels, which take only fp16/bf16, are what run; fp32 on CPU, where the
 #: attention kernel measured slower in bf16.
@@ -216,7 +297,7 @@ def autocast_dtype(precision: str, dev: torch.device) -> torch.dtype | None:
     if precision == "auto":
         if dev.type != "cuda":
             return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if torch.cuda.get_device_capability(dev)[0] >= 8 else torch.float16  # that GPU's
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
@@ -297,32 +378,45 @@ def predict(
     tile = -(-tile // align) * align
     nz, ny, nx = shape
     tiles = plan_tiles(ny, nx, tile, halo)
-    n_chunks = math.ceil(nz / chunk_slices)
-    total, done = len(tiles) * n_chunks, 0
+    # Tiles outermost: each streams through every z with its own KV cache.
+    jobs = [(t, z0, min(z0 + chunk_slices, nz)) for t in range(len(tiles)) for z0 in range(0, nz, chunk_slices)]
+    total, done = len(jobs), 0
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
-            for (y0, y1, x0, x1), window in tiles:
-                wy0, wy1, wx0, wx1 = window
+        # Every CUDA call (pinned buffers, events, kernels) on the device asked for.
+        with torch.cuda.device(dev) if dev.type == "cuda" else nullcontext(), torch.inference_mode(), \
+                torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+            stage = Staging(dev, chunk_slices * max((w[1] - w[0]) * (w[3] - w[2]) for _c, w in tiles),
+                            chunk_slices * max((c[1] - c[0]) * (c[3] - c[2]) for c, _w in tiles))
+
+            def load(job):  # in the read-ahead thread: read, normalize, check, stage
+                k, (t, z0, z1) = job
+                return stage.host_input(_read_chunk(volume, z0, z1, tiles[t][1], (ny, nx)), k)
+
+            cache = None
+            for (k, (t, z0, z1)), host in read_ahead(load, enumerate(jobs), dev.type == "cuda" or READ_AHEAD_ON_CPU):
+                (y0, y1, x0, x1), (wy0, wy1, wx0, wx1) = tiles[t]
                 # Only the core and the blocks' reach become tokens; the rest of the window
                 # is read as in-plane context (encoder and context branch).
                 ty0, ty1 = max(0, y0 - token_halo), min(ny, y1 + token_halo)
                 tx0, tx1 = max(0, x0 - token_halo), min(nx, x1 + token_halo)
                 margins = (ty0 - wy0, wy1 - ty1, tx0 - wx0, wx1 - tx1)
-                # One cache per tile: it streams through every z.
-                cache = model.new_cache(capacity=nz)  # sizes a full (window=None) cache once
-                for z0 in range(0, nz, chunk_slices):
-                    z1 = min(z0 + chunk_slices, nz)
-                    arr = _read_chunk(volume, z0, z1, window, (ny, nx))  # (n, h, w)
-                    x = torch.from_numpy(arr).to(device=dev, dtype=dtype)[None]  # (1, n, h, w)
-                    logits = model(x, z0=z0, cache=cache, margins=margins)  # (1, n, th, tw)
-                    core = logits[0, :, y0 - ty0 : y1 - ty0, x0 - tx0 : x1 - tx0]
-                    out[z0:z1, y0:y1, x0:x1] = core.float().sigmoid().cpu().numpy()
+                if z0 == 0:  # a new tile: a new cache, sized once for a full (window=None) one
+                    cache = model.new_cache(capacity=nz)
+                x = stage.to_device(host, k, dtype)[None]  # (1, n, h, w)
+                logits = model(x, z0=z0, cache=cache, margins=margins)  # (1, n, th, tw)
+                core = logits[0, :, y0 - ty0 : y1 - ty0, x0 - tx0 : x1 - tx0]
+                for _ in range(stage.write(out, (slice(z0, z1), slice(y0, y1), slice(x0, x1)),
+                                           core.float().sigmoid(), k)):
                     done += 1
                     if progress is not None:
                         progress(done, total, "predict")
-                del cache
+            cache = None
+            for _ in range(stage.flush()):
+                done += 1
+                if progress is not None:
+                    progress(done, total, "predict")
     finally:
         model.train(was_training)
     return out

@@ -5,6 +5,7 @@ Rooms
 ``quality``  ``ctpore bench quality``: every method on held-out simulated scans and a real geometry.
 ``report``   its Markdown, JSON and picture.
 ``speed``    ``ctpore bench speed``: voxels per second of the shipped PoreFormer per attention backend.
+``gpu``      ``ctpore bench gpu``: the checks and figures that need a CUDA GPU, in one short run.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from ctpore.atomic import atomic_write, write_json_atomic
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
-__all__ = ["bench_speed", "write_performance", "poreformer_flops_per_voxel", "matmul_peak"]
+__all__ = ["bench_speed", "gpu_section", "write_performance", "poreformer_flops_per_voxel", "matmul_peak"]
 
 #: name -> how to run it (``{scan}`` and ``{out}`` are filled in); "ctpore" runs ``ctpore reconstruct``.
 METHODS: dict[str, list[str]] = {
@@ -277,23 +277,59 @@ def write_performance(res: dict, outdir: str | Path = "docs", command: str = "ct
     ]
     gpu = outdir / "gpu.json"
     lines += ["", "## On a GPU", ""]
-    if gpu.exists():
-        g = json.loads(gpu.read_text())
-        lines += [f"`ctpore bench gpu` on {g['gpu']} (torch {g['torch']}, CUDA {g['cuda']}):", "",
-                  "| scan | seconds | voxels / s | model alone, voxels / s | backend that ran |", "|---|---:|---:|---:|---|"]
-        for r in g["reconstruct"]:
-            mo = r.get("model_only", {})
-            lines.append(f"| {' x '.join(map(str, r['shape']))} | {r['seconds']:.1f} | {r['voxels_per_s']:.3g} | "
-                         f"{mo.get('voxels_per_s', float('nan')):.3g} | {r.get('attention_backend', '?')} |")
-        ag = g["agreement"]
-        lines += ["", "Largest error against the fp32 math path, bf16: " + ", ".join(
-            f"{k} {v['max_abs_error_bf16']:.2e}" for k, v in ag.items() if isinstance(v, dict) and v.get("available"))]
-    else:
-        lines += ["No CUDA GPU was available where these figures were made: the GPU path (bf16 autocast, so that",
-                  "FlashAttention is what runs) is tested here with a stand-in kernel only. `ctpore bench gpu` runs",
-                  "its checks and timings in one go on a CUDA machine and writes `docs/gpu.json`, which this page then",
-                  "shows."]
+    lines += gpu_section(json.loads(gpu.read_text())) if gpu.exists() else [
+        "No CUDA GPU was available where these figures were made: the GPU path (bf16 autocast, so that",
+        "FlashAttention or PyTorch's SDPA kernels run) is tested here with mocks and a stand-in kernel only.",
+        "`sh scripts/gpu_check.sh` is the one prepared run for a GPU machine (no network, under about 8",
+        "minutes by construction): a versions probe, the real-kernel tests, then `ctpore bench gpu`, which",
+        "writes its figures step by step to `gpu.json`; copied to `docs/gpu.json`, they appear here (flash",
+        "vs sdpa agreement, voxels per second, GPU peak memory) at the next `ctpore bench speed`."]
     path = outdir / "performance.md"
     with atomic_write(path) as tmp:
         tmp.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _e(v) -> str:
+    return f"{v:.2e}" if isinstance(v, (int, float)) else "-"
+
+
+def gpu_section(g: dict) -> list[str]:
+    """The "On a GPU" lines of ``performance.md`` from ``ctpore bench gpu``'s JSON (partial or whole)."""
+    v = g.get("versions", {})
+    flash = v.get("flash_attn", {})
+    lines = [f"`{g.get('command', 'ctpore bench gpu')}` on {v.get('gpu', 'a GPU')} (torch {v.get('torch', '?')}, "
+             f"CUDA {v.get('cuda', '?')}, flash-attn {flash.get('version') or 'not installed'}).", ""]
+    sp, rc = g.get("speed"), g.get("reconstruct")
+    if sp or rc:
+        lines += ["| run | scan | seconds | voxels / s | peak memory (GB) | backend that ran |", "|---|---|---:|---:|---:|---|"]
+        if sp:
+            lines.append(f"| model alone (tile {sp['tile']}, {sp['chunk_slices']} slices a chunk, {sp['precision']}) | "
+                         f"{' x '.join(map(str, sp['shape']))} | {sp['seconds']:.2f} | {sp['voxels_per_s']:.3g} | "
+                         f"GPU {sp.get('gpu_peak_gb', float('nan')):.2f} (estimate {sp['estimate_gb']:.2f}) | {sp['ran']} |")
+        if rc:
+            lines.append(f"| ctpore reconstruct, whole process (--memory-gb {rc['memory_gb']:g}) | "
+                         f"{' x '.join(map(str, rc['shape']))} | {rc['seconds']:.2f} | {rc['voxels_per_s']:.3g} | "
+                         f"host {rc.get('peak_rss_gb', float('nan')):.2f} | {rc['attention_backend']} |")
+        lines.append("")
+    rows = [(f"attention kernel ({k.replace('_', ' ')}, bf16)", c.get("math_bf16_error"), c.get("sdpa", {}).get("error"),
+             c.get("flash", {}).get("error"), c.get("flash_minus_sdpa")) for k, c in g.get("kernels", {}).items()
+            if isinstance(c, dict)]
+    if "model" in g:
+        m = g["model"]
+        rows.append(("whole model (probabilities, bf16 autocast)", m["math"].get("max_abs_error_bf16"),
+                     m["sdpa"].get("max_abs_error_bf16"), m["flash"].get("max_abs_error_bf16"), m.get("flash_minus_sdpa")))
+    if rows:
+        lines += ["Largest error against the math path in fp32 (TF32 off); flash-attention's bound is twice the error "
+                  "of plain PyTorch (math) in the same precision:", "",
+                  "| compared | math | sdpa | flash | flash - sdpa |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {name} | {_e(a)} | {_e(b)} | {_e(c)} | {_e(d)} |" for name, a, b, c, d in rows]
+        lines.append("")
+    if "sdpa_kernel" in g:
+        k = g["sdpa_kernel"]
+        ok = [n for n, a in k.get("accepted_when_forced", {}).items() if a is True]
+        lines += [f"PyTorch's SDPA kernel inside the model: {k['ran']} (profiler); kernels that accept its calls when "
+                  f"forced alone: {', '.join(ok) or 'none'}.", ""]
+    for e in g.get("errors", []):
+        lines.append(f"- step `{e['step']}` did not finish: {e['error']}")
+    return lines

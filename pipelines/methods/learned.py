@@ -34,11 +34,13 @@ class PoreFormerPredictor:
                      "device": str(self.device), "attention_backend": None}
         self.halo = int(self.model.halo)
 
-    def plan(self, shape, budget_bytes: float) -> tuple[int, int]:
-        """The fastest ``(tile, chunk_slices)`` whose working memory fits ``budget_bytes``."""
-        from ctpore.pipelines.stream import plan_streaming
+    def plan(self, shape, budget_bytes: float, gpu_memory_gb: Optional[float] = None) -> tuple[int, int]:
+        """The fastest ``(tile, chunk_slices)`` whose working memory fits ``budget_bytes`` of host
+        memory (on CUDA: the GPU's free memory, at most ``gpu_memory_gb``, while the host's staging
+        buffers fit ``budget_bytes``; :func:`~ctpore.pipelines.stream.plan_for_device`)."""
+        from ctpore.pipelines.stream import plan_for_device
 
-        return plan_streaming(self.model, shape, budget_bytes)
+        return plan_for_device(self.model, shape, budget_bytes, self.device, gpu_memory_gb)
 
     def predict(self, volume: Any, out: Any, *, budget_bytes: float, progress: ProgressFn = None,
                 chunk_slices: Optional[int] = None, tile: Optional[int] = None, precision: str = "auto") -> dict:
