@@ -21,6 +21,7 @@ from ctpore.runtime import tune_allocator
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
 
 
+from ctpore.app.attention_cli import attention
 from ctpore.app.console import (
     SLICE_AXIS_HELP as _SLICE_AXIS_HELP,
     Progress as _Progress,
@@ -41,6 +42,9 @@ def cli() -> None:
     Exit codes of every command: 0 done; 2 bad input or usage (one line on stderr that names the
     file and what is wrong); 1 internal error; batch: 3 when some scans failed and the rest were done.
     """
+
+
+cli.add_command(attention)  # app/attention_cli.py
 
 
 def _rdefault(key):
@@ -180,41 +184,6 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
                  f"Euler error {s['mean_euler_error_rel']:.3f}")
     click.echo(line + f"  (report: {Path(outdir) / 'batch_report.jsonl'})")
     return EXIT_PARTIAL if s["failed"] else EXIT_OK
-
-
-@cli.command()
-@click.argument("scan", type=click.Path(path_type=Path))
-@_option("--at", "at", required=True, help="The voxel Z,Y,X whose column's attention to show.")
-@_option("-o", "--out", "out", default=None, type=click.Path(path_type=Path), show_default="no PNG",
-         help="PNG of the heads x earlier slices heatmap (one row per block and head).")
-@_option("--json", "as_json", is_flag=True, show_default=True,
-         help="Print the weights per block and head, their entropy, look-back and top slice.")
-@_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
-         help="PoreFormer weights (.safetensors).")
-@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis", help=_SLICE_AXIS_HELP)
-def attention(scan, at, out, as_json, weights, slice_axis):
-    """Which earlier slices each attention head looks at, for the voxel Z,Y,X of SCAN."""
-    from ctpore.pipelines.inspect import attention_at, write_heatmap_png
-
-    try:
-        point = tuple(int(v) for v in at.split(","))
-    except ValueError:
-        point = ()
-    if len(point) != 3:
-        raise InputError(f"--at must be three integers Z,Y,X, like 40,120,88; got {at!r}")
-    view = attention_at(scan, point, weights=weights, slice_axis=slice_axis)
-    if out is not None:
-        write_heatmap_png(view, out)
-    if as_json:
-        click.echo(json.dumps(view.to_dict(), indent=2))
-    else:
-        for b, name in enumerate(view.blocks):
-            for h in range(view.weights.shape[1]):
-                click.echo(f"{name} head {h}: top slice {view.top[b, h]}, look-back {view.lookback[b, h]:.2f} "
-                           f"slices, entropy {view.entropy[b, h]:.2f} nats")
-        if out is not None:
-            click.echo(f"wrote {out}")
-    return EXIT_OK
 
 
 @cli.command()
