@@ -144,6 +144,12 @@ def test_attention_json_states_units_windows_and_entropy_against_its_maximum(sca
             assert h["normalized_entropy"] == pytest.approx(h["entropy"] / math.log(3), abs=1e-9)
             assert h["lookback"] == pytest.approx(float((w * (2 - np.array(d["slices"]))).sum()), abs=1e-9)
             assert h["label"] == f"{b['label']}, head {h['head']}"
+    code, out, _ = run_cli(["attention", path, "--at", "8,7,9", "--json", "--weights", tiny], capsys)
+    d = json.loads(out)  # at z = 8 the windows bound what each head sees: 6 slices and 4
+    assert [(b["visible_slices"], b["max_entropy"]) for b in d["blocks"]] == [
+        (6, pytest.approx(math.log(6))), (4, pytest.approx(math.log(4)))]
+    full = d["blocks"][1]["heads"][0]["weights"]
+    assert len(full) > 4 and sum(full[:-4]) == 0  # nothing before its window
     code, out, _ = run_cli(["attention", path, "--at", "0,7,9", "--weights", tiny], capsys)
     assert code == 0 and "full resolution, head 1" in out and "-0.00" not in out
     assert "looks back 4 slices" in out and "1/4 scale, head 0" in out
