@@ -136,7 +136,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
 @cli.command()
 @click.argument("manifest", type=click.Path(path_type=Path))
 @_option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
-         help="Output folder: each scan's outputs as for reconstruct, and batch_report.jsonl.")
+         help="Output folder: each scan's outputs as for reconstruct, batch_report.jsonl and batch_summary.csv.")
 @_option("--scheduler", default=None, show_default="a local cluster on 127.0.0.1",
          help="Address of a running Dask scheduler (tcp://host:8786).")
 @_option("--workers", default=2, show_default=True, type=click.IntRange(1),
@@ -153,36 +153,35 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
          help="PoreFormer weights (.safetensors).")
 @_option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default=_SHOWN_DEFAULTS["memory_gb"],
          type=click.FloatRange(0.25), help="Memory budget of each worker's scan (GB), as reconstruct's.")
-def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb):
+@_option("--verbose", is_flag=True, show_default=True,
+         help="Dask's own logs at INFO, all of them (default: WARNING and up, less the scheduler's error for a "
+              "task whose worker died, which batch retries and reports as 'retried').")
+def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb, verbose):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
-    'label' and 'slice_axis' columns (relative paths are relative to the manifest). Exit codes:
-    0 all done, 3 some scans failed (named in OUTDIR/batch_report.jsonl), 2 bad manifest or options.
+    'label' and 'slice_axis' columns (relative paths are relative to the manifest). Prints the
+    dashboard's address, then one line per scan as it ends. Writes OUTDIR/batch_report.jsonl (a
+    line per scan as it ends, appended run after run) and OUTDIR/batch_summary.csv (one row per
+    scan: its latest attempt). Exit codes: 0 all done, 3 some scans failed (named in the report),
+    2 bad manifest or options.
     """
-    from ctpore.pipelines.batch import run_batch, summarize
+    from ctpore.app.batch_console import BatchConsole
+    from ctpore.pipelines.batch import read_manifest, run_batch, select_part, summarize
+    from ctpore.pipelines.batch_summary import SUMMARY_NAME
 
-    def said(rec):
-        if rec["status"] == "failed":
-            click.echo(f"failed: {rec['error']}", err=True)
-
-    with _Progress("batch") as bar:
+    total = len(select_part(read_manifest(manifest), part))  # run_batch reads it again, checks and all
+    with BatchConsole(total) as say:
         res = run_batch(manifest, outdir, scheduler=scheduler, workers=workers, gpus_per_worker=gpus_per_worker,
-                        retries=retries, part=part, progress=bar, on_record=said,
-                        options={"method": method, "weights": weights, "memory_gb": memory_gb})
+                        retries=retries, part=part, on_record=say.record, on_start=say.start, on_retry=say.retry,
+                        verbose=verbose, options={"method": method, "weights": weights, "memory_gb": memory_gb})
     s = summarize(res["records"])
-    if res["dashboard"]:
-        click.echo(f"Dask dashboard was at {res['dashboard']}")
-    click.echo(f"{'scan':<40} {'status':<8} {'porosity':>9} {'Euler':>7} {'seconds':>8}")
-    for r in res["records"]:
-        m = r.get("metrics") or {}
-        click.echo(f"{Path(r['scan']).name:<40} {r['status']:<8} {m.get('porosity', float('nan')):9.4f} "
-                   f"{m.get('euler_number', ''):>7} {r.get('seconds', 0):8.1f}")
     line = f"{s['done']} done, {s['skipped']} already done, {s['failed']} failed"
     if "mean_dice" in s:
         line += (f"; with labels: mean MSE {s['mean_mse']:.5f}, Dice {s['mean_dice']:.4f}, "
                  f"Euler error {s['mean_euler_error_rel']:.3f}")
-    click.echo(line + f"  (report: {Path(outdir) / 'batch_report.jsonl'})")
+    click.echo(line + f"  (report: {Path(outdir) / 'batch_report.jsonl'}, one row per scan: "
+                      f"{Path(outdir) / SUMMARY_NAME})")
     return EXIT_PARTIAL if s["failed"] else EXIT_OK
 
 
