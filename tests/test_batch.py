@@ -201,6 +201,7 @@ def _workers_of(session: int) -> list[int]:
 
 def _start(cmd: list[str]) -> tuple[subprocess.Popen, list[str]]:
     env = dict(os.environ, CTPORE_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    env.pop("PYTHONUNBUFFERED", None)  # as in a user's shell: a pipe gets what ctpore flushes, no more
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     err: list[str] = []
