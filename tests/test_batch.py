@@ -285,3 +285,45 @@ def test_the_summary_has_one_row_per_scan_its_latest_attempt(six, capsys):
     assert again["cut.nii.gz"]["ended"] >= first["cut.nii.gz"]["ended"]
     assert "skipped (outputs complete from an earlier run)" in capsys.readouterr().out
     assert not [p.name for p in (six / "out").iterdir() if p.name.startswith(".")]  # written whole
+
+
+def _console_output(tty: bool) -> str:
+    """What BatchConsole prints for three scans, its stdout a terminal (a pty, 100 columns) or a pipe."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    code = ("from ctpore.app.batch_console import BatchConsole\n"
+            "with BatchConsole(3) as c:\n"
+            "    c.start({'dashboard': 'http://127.0.0.1:1/status', 'todo': 3, 'skipped': 0})\n"
+            "    for i in range(3):\n"
+            "        c.record({'scan': f's{i}.nii', 'status': 'done', 'metrics': {'porosity': 0.5}})\n")
+    env = {k: v for k, v in os.environ.items() if k != "CTPORE_NO_PROGRESS"}
+    if not tty:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout
+    main_fd, sub_fd = pty.openpty()
+    fcntl.ioctl(sub_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=sub_fd, stderr=subprocess.DEVNULL)
+    os.close(sub_fd)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # the other end closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait()
+    os.close(main_fd)
+    return out.decode()
+
+
+def test_a_bar_over_the_scans_only_when_stdout_is_a_terminal():
+    piped, term = _console_output(False), _console_output(True)
+    for out in (piped, term):
+        assert [ln for ln in out.replace("\r", "\n").splitlines() if ln.startswith("[")] == [
+            f"[{i + 1}/3] s{i}.nii  done  porosity 0.5000  Euler -  pores -  [0.0 s]" for i in range(3)]
+    assert "batch:" in term and "/3 [" in term  # tqdm's bar, between the lines
+    assert "batch:" not in piped and "\r" not in piped

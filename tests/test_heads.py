@@ -228,3 +228,47 @@ def test_summary_command_writes_the_picture_and_its_json(scan, tiny, tmp_path, c
         args = ["attention", path, *bad, "--weights", tiny] + (["--summary"] if why == "without --at" else [])
         code, _, err = run_cli(args, capsys)
         assert code == 2 and why in err
+
+
+def test_the_readme_says_what_the_shipped_heads_do_from_the_committed_summary():
+    """The README's lines on the heads quote docs/heads_summary.json (written by the command in
+    scripts/heads_summary.sh), and what they say holds in it."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    readme = " ".join((root / "README.md").read_text().split())  # line breaks are not the point
+    s = json.loads((root / "docs" / "heads_summary.json").read_text())
+    assert s["command"] in (root / "scripts" / "heads_summary.sh").read_text()
+    assert "docs/heads_summary.png" in readme and (root / "docs" / "heads_summary.png").exists()
+
+    def blocks(label):
+        return [h for h in s["heads"] if h["block_label"] == label]
+
+    def mean(h, key, cls):
+        return h[key]["mean"][cls]
+
+    def span(vals):
+        return f"{min(vals):g}–{max(vals):g}"
+
+    eighth, quarter, full = blocks("1/8 scale"), blocks("1/4 scale"), blocks("full resolution")
+    assert {h["window"] for h in eighth + quarter} == {24} and {h["window"] for h in full} == {8}
+    assert "look back 24 slices" in readme and "full-resolution block 8" in readme
+    # 1/8 scale: almost even, pores and solid alike
+    e8 = [mean(h, "normalized_entropy", c) for h in eighth for c in ("pore", "solid")]
+    assert min(e8) > 0.9 and f"mean normalized entropy {span(e8)}" in readme
+    assert all(abs(mean(h, "normalized_entropy", "pore") - mean(h, "normalized_entropy", "solid")) < 0.02
+               for h in eighth)
+    # 1/4 scale: head 1 the most selective, head 2 the most even
+    q = [mean(h, "normalized_entropy", "pore") for h in quarter]
+    assert q.index(min(q)) == 1 and q.index(max(q)) == 2
+    assert f"head 1 is the most selective of them ({q[1]:g} in pore" in readme and f"nearly even ({q[2]:g})" in readme
+    # full resolution: concentrated near the voxel's own slice in pores, spread in the solid
+    for h in full:
+        assert mean(h, "normalized_entropy", "pore") < mean(h, "normalized_entropy", "solid")
+        assert mean(h, "lookback", "pore") < mean(h, "lookback", "solid")
+        assert int(np.argmax(h["lookback"]["pore"])) == 0  # the most common: within half a slice of its own
+    said = (f"normalized entropy {span([mean(h, 'normalized_entropy', 'pore') for h in full])}, mean look-back "
+            f"{span([mean(h, 'lookback', 'pore') for h in full])} slices), while in the solid it spreads out "
+            f"({span([mean(h, 'normalized_entropy', 'solid') for h in full])}; "
+            f"{span([mean(h, 'lookback', 'solid') for h in full])} slices)")
+    assert said in readme
