@@ -7,12 +7,17 @@ so that they take seconds whatever the scan's size:
 
 :func:`attention_at`  for one voxel ``(z, y, x)``: per attention block and head, the weights over
                       the earlier slices (rows sum to 1, zero on later slices), the slice each head
-                      attends to most, its entropy and its mean look-back distance.
+                      attends to most, its entropy (nats, and as a fraction of its maximum) and its
+                      mean look-back distance.
 :func:`head_maps`     for one slice around a point: per head, its attention entropy and mean
                       look-back per pixel (the full-resolution block), and how alike the heads are.
 
 Both take a scan (path, :class:`~ctpore.data.io.Scan` or ``(Z, Y, X)`` array) and normalize it as
-``ctpore reconstruct`` does.
+``ctpore reconstruct`` does. Blocks are named in the user's terms from the model's own layout
+(:meth:`~ctpore.models.PoreFormer.attention_layout`): "1/8 scale", "full resolution", with their
+look-back windows. A head's maximum entropy at a voxel is ``ln`` of the number of slices it can see
+there (its window, fewer near the first slice). The pictures are drawn by
+:mod:`ctpore.pipelines.inspect_plot`; the whole-scan summary is :mod:`ctpore.pipelines.inspect_summary`.
 """
 
 from __future__ import annotations
@@ -184,8 +189,9 @@ class HeadView:
             out.append(f"{self.labels[b]} ({window_words(self.windows[b])}; it sees {self.n_visible[b]} here, "
                        f"max entropy ln {self.n_visible[b]} = {self.max_entropy[b]:.2f} nats):")
             for h in range(self.weights.shape[1]):
-                out.append(f"  {self.head_label(b, h)}: top slice {self.top[b, h]}, mean look-back {self.lookback[b, h]:.2f} slices, "
-                           f"entropy {self.entropy[b, h]:.2f} nats = {self.normalized_entropy[b, h]:.2f} of its maximum")
+                out.append(f"  {self.head_label(b, h)}: top slice {self.top[b, h]}, "
+                           f"mean look-back {self.lookback[b, h]:.2f} slices, entropy {self.entropy[b, h]:.2f} nats "
+                           f"= {self.normalized_entropy[b, h]:.2f} of its maximum")
         return out
 
 
