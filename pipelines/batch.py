@@ -26,8 +26,8 @@ The callers hear of every event as it happens: ``on_record`` as each scan ends, 
 when a scan's worker died and it is tried again, ``on_start`` once the cluster is up (with the
 dashboard's address). Dask's own logs stay at WARNING (driver and local workers) unless
 ``verbose``, and the scheduler's ERROR for a task whose worker died is left out, since the retry
-is reported here (:func:`ctpore.pipelines.batch_logs.quiet_dask`). Warnings a scan raises on its worker come back in its
-record (``warnings``) for the caller to show.
+is reported here (:func:`ctpore.pipelines.batch_logs.quiet_dask`). Warnings a scan raises on its
+worker come back in its record (``warnings``) for the caller to show.
 """
 
 from __future__ import annotations
@@ -293,7 +293,8 @@ def run_batch(
         Called when a scan's worker died and the scan is tried again, with ``{"scan",
         "attempt", "of", "error"}`` (``attempt`` of at most ``of``).
     verbose : bool
-        Dask's own logs at INFO and unfiltered (default: WARNING, see :func:`quiet_dask`).
+        Dask's own logs at INFO and unfiltered (default: WARNING, see
+        :func:`~ctpore.pipelines.batch_logs.quiet_dask`).
 
     Returns
     -------
