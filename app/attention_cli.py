@@ -85,6 +85,8 @@ def attention(scan, at, out, as_json, normalize_rows, summary, columns, pores, w
     head 2"), each with its look-back window; entropy is in nats and as a fraction of its maximum,
     ln of the number of slices the head can see there.
     """
+    if out is not None and Path(out).suffix.lower() == ".json":
+        raise InputError(f"-o is the PNG picture, got {out}; with --summary its JSON is written beside it")
     if summary:
         if at is not None or normalize_rows:
             raise InputError("--summary covers the whole scan: give it without --at and --normalize-rows")
