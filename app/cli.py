@@ -21,6 +21,7 @@ from ctpore.runtime import tune_allocator
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
 
 
+from ctpore.app.attention_cli import attention
 from ctpore.app.console import (
     SLICE_AXIS_HELP as _SLICE_AXIS_HELP,
     Progress as _Progress,
@@ -41,6 +42,9 @@ def cli() -> None:
     Exit codes of every command: 0 done; 2 bad input or usage (one line on stderr that names the
     file and what is wrong); 1 internal error; batch: 3 when some scans failed and the rest were done.
     """
+
+
+cli.add_command(attention)  # app/attention_cli.py
 
 
 def _rdefault(key):
@@ -167,7 +171,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
 @cli.command()
 @click.argument("manifest", type=click.Path(path_type=Path))
 @_option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
-         help="Output folder: each scan's outputs as for reconstruct, and batch_report.jsonl.")
+         help="Output folder: each scan's outputs as for reconstruct, batch_report.jsonl and batch_summary.csv.")
 @_option("--scheduler", default=None, show_default="a local cluster on 127.0.0.1",
          help="Address of a running Dask scheduler (tcp://host:8786).")
 @_option("--workers", default=2, show_default=True, type=click.IntRange(1),
@@ -185,74 +189,38 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
          type=click.FloatRange(0.25), help="Memory budget of each worker's scan (GB), as reconstruct's.")
 @_option("--gpu-memory-gb", default=None, type=click.FloatRange(0.25), show_default=_GPU_MEMORY_DEFAULT,
          help="On CUDA, the most GPU memory (GB) each scan's tiles and chunks may take, as reconstruct's.")
+@_option("--verbose", is_flag=True, show_default=True,
+         help="Dask's own logs at INFO, all of them (default: WARNING and up, less the scheduler's error for a "
+              "task whose worker died, which batch retries and reports as 'retried').")
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb,
-          gpu_memory_gb):
+          gpu_memory_gb, verbose):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
-    'label' and 'slice_axis' columns (relative paths are relative to the manifest). Exit codes:
-    0 all done, 3 some scans failed (named in OUTDIR/batch_report.jsonl), 2 bad manifest or options.
+    'label' and 'slice_axis' columns (relative paths are relative to the manifest). Prints the
+    dashboard's address, then one line per scan as it ends. Writes OUTDIR/batch_report.jsonl (a
+    line per scan as it ends, appended run after run) and OUTDIR/batch_summary.csv (one row per
+    scan: its latest attempt). Exit codes: 0 all done, 3 some scans failed (named in the report),
+    2 bad manifest or options.
     """
-    from ctpore.pipelines.batch import run_batch, summarize
+    from ctpore.app.batch_console import BatchConsole
+    from ctpore.pipelines.batch import read_manifest, run_batch, select_part, summarize
+    from ctpore.pipelines.batch_summary import SUMMARY_NAME
 
-    def said(rec):
-        if rec["status"] == "failed":
-            click.echo(f"failed: {rec['error']}", err=True)
-
-    with _Progress("batch") as bar:
+    total = len(select_part(read_manifest(manifest), part))  # run_batch reads it again, checks and all
+    with BatchConsole(total) as say:
         res = run_batch(manifest, outdir, scheduler=scheduler, workers=workers, gpus_per_worker=gpus_per_worker,
-                        retries=retries, part=part, progress=bar, on_record=said,
-                        options={"method": method, "weights": weights, "memory_gb": memory_gb,
-                                 "gpu_memory_gb": gpu_memory_gb})
+                        retries=retries, part=part, on_record=say.record, on_start=say.start, on_retry=say.retry,
+                        verbose=verbose, options={"method": method, "weights": weights, "memory_gb": memory_gb,
+                                                  "gpu_memory_gb": gpu_memory_gb})
     s = summarize(res["records"])
-    if res["dashboard"]:
-        click.echo(f"Dask dashboard was at {res['dashboard']}")
-    click.echo(f"{'scan':<40} {'status':<8} {'porosity':>9} {'Euler':>7} {'seconds':>8}")
-    for r in res["records"]:
-        m = r.get("metrics") or {}
-        click.echo(f"{Path(r['scan']).name:<40} {r['status']:<8} {m.get('porosity', float('nan')):9.4f} "
-                   f"{m.get('euler_number', ''):>7} {r.get('seconds', 0):8.1f}")
     line = f"{s['done']} done, {s['skipped']} already done, {s['failed']} failed"
     if "mean_dice" in s:
         line += (f"; with labels: mean MSE {s['mean_mse']:.5f}, Dice {s['mean_dice']:.4f}, "
                  f"Euler error {s['mean_euler_error_rel']:.3f}")
-    click.echo(line + f"  (report: {Path(outdir) / 'batch_report.jsonl'})")
+    click.echo(line + f"  (report: {Path(outdir) / 'batch_report.jsonl'}, one row per scan: "
+                      f"{Path(outdir) / SUMMARY_NAME})")
     return EXIT_PARTIAL if s["failed"] else EXIT_OK
-
-
-@cli.command()
-@click.argument("scan", type=click.Path(path_type=Path))
-@_option("--at", "at", required=True, help="The voxel Z,Y,X whose column's attention to show.")
-@_option("-o", "--out", "out", default=None, type=click.Path(path_type=Path), show_default="no PNG",
-         help="PNG of the heads x earlier slices heatmap (one row per block and head).")
-@_option("--json", "as_json", is_flag=True, show_default=True,
-         help="Print the weights per block and head, their entropy, look-back and top slice.")
-@_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
-         help="PoreFormer weights (.safetensors).")
-@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis", help=_SLICE_AXIS_HELP)
-def attention(scan, at, out, as_json, weights, slice_axis):
-    """Which earlier slices each attention head looks at, for the voxel Z,Y,X of SCAN."""
-    from ctpore.pipelines.inspect import attention_at, write_heatmap_png
-
-    try:
-        point = tuple(int(v) for v in at.split(","))
-    except ValueError:
-        point = ()
-    if len(point) != 3:
-        raise InputError(f"--at must be three integers Z,Y,X, like 40,120,88; got {at!r}")
-    view = attention_at(scan, point, weights=weights, slice_axis=slice_axis)
-    if out is not None:
-        write_heatmap_png(view, out)
-    if as_json:
-        click.echo(json.dumps(view.to_dict(), indent=2))
-    else:
-        for b, name in enumerate(view.blocks):
-            for h in range(view.weights.shape[1]):
-                click.echo(f"{name} head {h}: top slice {view.top[b, h]}, look-back {view.lookback[b, h]:.2f} "
-                           f"slices, entropy {view.entropy[b, h]:.2f} nats")
-        if out is not None:
-            click.echo(f"wrote {out}")
-    return EXIT_OK
 
 
 @cli.command()

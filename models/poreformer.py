@@ -153,6 +153,30 @@ class PoreFormer(nn.Module):
         """Names of the attention blocks, in the order of :meth:`new_cache` and :meth:`attention_maps`."""
         return [b.name for b in self._attention_blocks()]
 
+    def attention_layout(self) -> list[dict]:
+        """What each attention block sees, in the order of :attr:`attention_block_names`.
+
+        Returns
+        -------
+        list of dict
+            ``name`` (the module path), ``scale`` (in-plane downsampling of the block's pixel
+            columns: 1 at full resolution, 8 at 1/8), ``window`` (look-back in slices: slice
+            ``z`` attends to ``z-window+1 .. z``; None = every earlier slice), ``n_heads``.
+
+        Examples
+        --------
+        >>> m = PoreFormer(PoreFormerConfig(level_channels=(8, 8), level_attention=(0, 1), level_window=6, window=4))
+        >>> [(d["name"], d["scale"], d["window"]) for d in m.attention_layout()]
+        [('level2.0', 4, 6), ('blocks.0', 1, 4)]
+        """
+        out = []
+        for lv, level in enumerate(self.level_blocks, start=1):
+            out += [{"name": b.name, "scale": 2**lv, "window": b.attn.window, "n_heads": b.attn.n_heads}
+                    for b in level]
+        out += [{"name": b.name, "scale": 1, "window": b.attn.window, "n_heads": b.attn.n_heads}
+                for b in self.blocks]
+        return out
+
     @property
     def attention_backend(self) -> str:
         """The backend the full-resolution attention runs (resolved, never ``auto``)."""
@@ -278,7 +302,10 @@ class PoreFormer(nn.Module):
         x: torch.Tensor,
         z0: int = 0,
         region: tuple[int | slice, int | slice] | None = None,
-    ) -> list[torch.Tensor]:
+        cache: list[KVCache] | None = None,
+        margins: tuple[int, int, int, int] | None = None,
+        with_logits: bool = False,
+    ) -> list[torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor]:
         """Per-block, per-head attention weights, computed with the explicit (math) path.
 
         Parameters
@@ -288,28 +315,41 @@ class PoreFormer(nn.Module):
         z0 : int
             Absolute index of the first slice.
         region : (ys, xs), optional
-            Pixels to keep, ints or slices over Y and X (an int keeps a length-1 axis).
-            Default: every pixel.
+            Pixels to keep, ints or slices over Y and X of ``x`` (an int keeps a length-1
+            axis). Default: every pixel (with ``margins``: every pixel of the token region).
+        cache, margins
+            As for :meth:`forward`: stream a tile through the slices in chunks (the weights then
+            cover the cached slices too) and keep only ``x`` without the margins as tokens;
+            ``region`` must then lie inside that token region.
+        with_logits : bool
+            Also return the logits of the token region, ``(B, Z, Y', X')`` (as :meth:`forward`).
 
         Returns
         -------
         list of torch.Tensor
             One per attention block, in the order of :attr:`attention_block_names` (coarse
-            levels first, then the full-resolution blocks), ``(B, Ry, Rx, H, Z, Z)``:
-            ``[..., h, zq, zk]`` is how much slice ``zq`` of that pixel column attends to slice
-            ``zk`` in head ``h``. A coarse level's block attends over its own pixel columns;
-            each pixel gets the column that contains it.
+            levels first, then the full-resolution blocks), ``(B, Ry, Rx, H, Zq, Zk)``:
+            ``[..., h, i, j]`` is how much query slice ``z0 + i`` of that pixel column attends
+            to key slice ``z0 + Zq - Zk + j`` in head ``h`` (``Zk = Zq`` without a cache; with
+            one, the keys start with the cached slices). A coarse level's block attends over
+            its own pixel columns; each pixel gets the column that contains it.
         """
-        _, maps = self._run(x, z0, None, need_weights=True)
+        logits, maps = self._run(x, z0, cache, need_weights=True, margins=margins)
         b, _z, y, xx = x.shape
-        ys, xs = (slice(None), slice(None)) if region is None else region
+        mt, mb, ml, mr = (0, 0, 0, 0) if margins is None else (int(m) for m in margins)
+        ys, xs = (slice(mt, y - mb), slice(ml, xx - mr)) if region is None else region
         ys = torch.arange(y)[slice(ys, ys + 1) if isinstance(ys, int) else ys]
         xs = torch.arange(xx)[slice(xs, xs + 1) if isinstance(xs, int) else xs]
         out = []
-        for scale, (hy, hx), w in maps:  # w: (B*hy*hx, H, Z, Z)
+        for scale, (hy, hx), w in maps:  # w: (B*hy*hx, H, Zq, Zk)
             w = w.view(b, hy, hx, *w.shape[1:])
-            out.append(w[:, ys // scale][:, :, xs // scale].clone())
-        return out
+            # full-resolution tokens cover the region without the margins; coarse maps the padded plane
+            ry, rx = (ys - mt, xs - ml) if scale == 1 else (ys // scale, xs // scale)
+            outside = ry.numel() and rx.numel() and (min(ry.min(), rx.min()) < 0 or ry.max() >= hy or rx.max() >= hx)
+            if scale == 1 and outside:
+                raise ValueError(f"region {region} is not inside the token region of margins {margins}")
+            out.append(w[:, ry][:, :, rx].clone())
+        return (out, logits) if with_logits else out
 
     def _fold_last_block(self):
         """``(W_t, W_a, b)`` with ``head(t + proj(a)) = t @ W_t + a @ W_a + b``, or None.

@@ -4,7 +4,9 @@ One task per scan, each a call of :func:`ctpore.pipelines.reconstruct.reconstruc
 worker (weights loaded once per worker process and kept). Dask places the tasks; this module
 reads the manifest, checks everything that can be checked before any work, skips scans already
 done, and writes ``OUTDIR/batch_report.jsonl``: one line per scan as it ends (scan, status,
-metrics or error, seconds, worker, attempts). A scan with bad input fails alone, with its
+metrics or error, seconds, worker, attempts, the warnings the scan raised, when it ended), and
+``OUTDIR/batch_summary.csv``, one row per scan with its latest attempt
+(:mod:`ctpore.pipelines.batch_summary`). A scan with bad input fails alone, with its
 one-line error; the others go on. A scan whose worker died is tried again, up to ``retries``
 times. A run killed part-way loses nothing finished (every output is written whole or not at
 all, the metrics last) and the next run picks up where it stopped.
@@ -17,19 +19,32 @@ installed), each GPU worker holding the resource ``GPU=1`` so that a GPU takes o
 time. With an address (``tcp://host:8786``): that cluster, e.g. one started by dask-jobqueue on
 SLURM; workers started with ``--resources GPU=1`` get one scan per GPU. No CUDA context is
 made in this (driver) process.
+
+Talking as it goes
+------------------
+The callers hear of every event as it happens: ``on_record`` as each scan ends, ``on_retry``
+when a scan's worker died and it is tried again, ``on_start`` once the cluster is up (with the
+dashboard's address). Dask's own logs stay at WARNING (driver and local workers) unless
+``verbose``, and the scheduler's ERROR for a task whose worker died is left out, since the retry
+is reported here (:func:`ctpore.pipelines.batch_logs.quiet_dask`). Warnings a scan raises on its
+worker come back in its record (``warnings``) for the caller to show.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ctpore.errors import InputError
+from ctpore.pipelines.batch_logs import quiet_dask, warning_records
+from ctpore.pipelines.batch_summary import BatchSummary
 from ctpore.progress import ProgressFn
 
 __all__ = ["ScanTask", "read_manifest", "select_part", "run_batch", "run_task", "summarize", "REPORT_NAME"]
@@ -159,18 +174,27 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
 
     t0 = time.perf_counter()
     rec: dict[str, Any] = {"scan": task.scan, "worker": f"{socket.gethostname()}:{os.getpid()}"}
-    try:
-        out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis, overwrite=True,
-                               annotate={"batch": {"options": key, "label": task.label,
-                                                   "slice_axis": task.slice_axis}},
-                               **options)
-        rec.update(status="done", metrics=out["result"])
-    except InputError as exc:
-        rec.update(status="failed", error=str(exc))
-    except Exception as exc:  # an internal error: reported for this scan, the batch goes on
-        rec.update(status="failed", error=f"internal error: {type(exc).__name__}: {exc}")
+    with warnings.catch_warnings(record=True) as caught:  # they go back with the record, for the driver to show
+        warnings.simplefilter("always")
+        try:
+            out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis, overwrite=True,
+                                   annotate={"batch": {"options": key, "label": task.label,
+                                                       "slice_axis": task.slice_axis}},
+                                   **options)
+            rec.update(status="done", metrics=out["result"])
+        except InputError as exc:
+            rec.update(status="failed", error=str(exc))
+        except Exception as exc:  # an internal error: reported for this scan, the batch goes on
+            rec.update(status="failed", error=f"internal error: {type(exc).__name__}: {exc}")
+    if caught:
+        rec["warnings"] = warning_records(caught)
     rec["seconds"] = round(time.perf_counter() - t0, 3)
+    rec["ended"] = _now()
     return rec
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
 class _Report:
@@ -188,8 +212,9 @@ class _Report:
             os.fsync(fh.fileno())
 
 
-def _cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int):
-    """``(client, cluster or None, gpu)``: a client of the given scheduler or of a local cluster."""
+def _cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int, verbose: bool = False):
+    """``(client, cluster or None, gpu)``: a client of the given scheduler or of a local cluster
+    (whose workers log at WARNING, INFO when ``verbose``)."""
     import dask
     from distributed import Client, LocalCluster
 
@@ -200,16 +225,17 @@ def _cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int):
         return client, None, gpu
     gpus = _cuda_count()
     dask.config.set({"distributed.scheduler.allowed-failures": 0})  # this module retries worker deaths
+    quiet = {"silence_logs": logging.INFO if verbose else logging.WARNING}
     if gpus:
         try:
             from dask_cuda import LocalCUDACluster
 
             cluster = LocalCUDACluster(host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                       resources={"GPU": 1}, threads_per_worker=1)
+                                       resources={"GPU": 1}, threads_per_worker=1, **quiet)
         except ImportError:
             cluster = LocalCluster(n_workers=max(1, gpus // max(1, gpus_per_worker)), threads_per_worker=1,
                                    processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                   resources={"GPU": gpus_per_worker})
+                                   resources={"GPU": gpus_per_worker}, **quiet)
     else:
         # One scan at a time per worker; the cores shared among the workers for torch's own threads
         # (Dask would give each worker process one thread: one worker would use one core).
@@ -217,7 +243,7 @@ def _cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int):
                     // workers)
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                                dashboard_address="127.0.0.1:0",
-                               env={"OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": str(cores)})
+                               env={"OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": str(cores)}, **quiet)
     return Client(cluster), cluster, bool(gpus)
 
 
@@ -246,6 +272,9 @@ def run_batch(
     options: Optional[dict] = None,
     progress: ProgressFn = None,
     on_record: Optional[Callable[[dict], None]] = None,
+    on_start: Optional[Callable[[dict], None]] = None,
+    on_retry: Optional[Callable[[dict], None]] = None,
+    verbose: bool = False,
 ) -> dict:
     """Reconstruct every scan of ``manifest`` into ``outdir`` on a Dask cluster (see the module docstring).
 
@@ -255,15 +284,23 @@ def run_batch(
         Keyword arguments of ``reconstruct_file`` for every scan (``method``, ``weights``,
         ``memory_gb``, ``precision``, ...).
     on_record : callable, optional
-        Called with each report record as its scan ends.
+        Called with each report record as its scan ends (also written to the report and the
+        summary by then).
+    on_start : callable, optional
+        Called once the work starts, with ``{"dashboard", "todo", "skipped"}`` (the dashboard's
+        address, None without a cluster).
+    on_retry : callable, optional
+        Called when a scan's worker died and the scan is tried again, with ``{"scan",
+        "attempt", "of", "error"}`` (``attempt`` of at most ``of``).
+    verbose : bool
+        Dask's own logs at INFO and unfiltered (default: WARNING, see
+        :func:`~ctpore.pipelines.batch_logs.quiet_dask`).
 
     Returns
     -------
     dict
         ``{"records": [...], "done", "failed", "skipped", "dashboard"}``.
     """
-    from distributed import as_completed
-
     from ctpore.models.weights import sha256_file, weights_dir
     from ctpore.pipelines.methods import get_method, resolve_method
 
@@ -289,25 +326,48 @@ def run_batch(
     check_outputs(manifest, outdir, overwrite=True)  # a writable place, before any work
     make_outdir(outdir)
     report = _Report(outdir / REPORT_NAME)
-    todo: list[ScanTask] = []
-    skipped = 0
-    for t in tasks:
-        metrics = _is_done(t, outdir, key)
-        if metrics is None:
-            todo.append(t)
-        else:
-            skipped += 1
-            rec = {"scan": t.scan, "status": "skipped", "reason": "outputs complete from an earlier run",
-                   "metrics": metrics}
-            report.add(rec)
-            if on_record is not None:
-                on_record(rec)
-    result = {"records": report.records, "done": 0, "failed": 0, "skipped": skipped, "dashboard": None}
-    if not todo:
-        return result
-    client, cluster, gpu = _cluster(scheduler, workers, gpus_per_worker)
+    summary = BatchSummary(outdir, report.path)
+
+    def ended(rec: dict) -> None:  # a scan ended: the report, the summary, the caller
+        report.add(rec)
+        summary.update(rec)
+        if on_record is not None:
+            on_record(rec)
+
+    result = {"records": report.records, "done": 0, "failed": 0, "skipped": 0, "dashboard": None}
+    try:
+        todo: list[ScanTask] = []
+        for t in tasks:
+            metrics = _is_done(t, outdir, key)
+            if metrics is None:
+                todo.append(t)
+            else:
+                result["skipped"] += 1
+                ended({"scan": t.scan, "status": "skipped", "reason": "outputs complete from an earlier run",
+                       "metrics": metrics, "ended": _now()})
+        if not todo:
+            if on_start is not None:
+                on_start({"dashboard": None, "todo": 0, "skipped": result["skipped"]})
+            return result
+        with quiet_dask(verbose):
+            _run_tasks(todo, outdir, options, key, result, ended, scheduler=scheduler, workers=workers,
+                       gpus_per_worker=gpus_per_worker, retries=retries, verbose=verbose, progress=progress,
+                       on_start=on_start, on_retry=on_retry)
+    finally:
+        summary.write()
+    return result
+
+
+def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers, gpus_per_worker, retries, verbose,
+               progress, on_start, on_retry) -> None:
+    """The scans ``todo`` on the cluster: each result to ``ended`` as it comes, a dead worker's scan again."""
+    from distributed import as_completed
+
+    client, cluster, gpu = _cluster(scheduler, workers, gpus_per_worker, verbose)
     try:
         result["dashboard"] = getattr(client, "dashboard_link", None)
+        if on_start is not None:
+            on_start({"dashboard": result["dashboard"], "todo": len(todo), "skipped": result["skipped"]})
         resources = {"GPU": 1} if gpu else None
         if gpu:
             options.setdefault("device", "cuda")
@@ -327,25 +387,26 @@ def run_batch(
             t = futures.pop(fut)
             try:
                 rec = fut.result()
+                fut.release()  # its result is here now: no worker keeps it (nor recomputes it if that worker dies)
             except Exception as exc:  # the worker died (or the cluster failed) during this scan
+                why = f"{type(exc).__name__}: {exc}"
                 if attempts[t.scan] <= retries:
+                    if on_retry is not None:
+                        on_retry({"scan": t.scan, "attempt": attempts[t.scan] + 1, "of": retries + 1, "error": why})
                     pending.add(submit(t))
                     continue
-                rec = {"scan": t.scan, "status": "failed", "error": f"worker lost {attempts[t.scan]} times "
-                       f"({type(exc).__name__}: {exc})"}
+                rec = {"scan": t.scan, "status": "failed", "error": f"worker lost {attempts[t.scan]} times ({why})",
+                       "ended": _now()}
             rec["attempts"] = attempts[t.scan]
-            report.add(rec)
             result["done" if rec["status"] == "done" else "failed"] += 1
             n_end += 1
-            if on_record is not None:
-                on_record(rec)
+            ended(rec)
             if progress is not None:
                 progress(n_end, len(todo), "scans")
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
-    return result
 
 
 def summarize(records: list[dict]) -> dict:

@@ -160,8 +160,170 @@ def test_a_scan_whose_worker_dies_is_retried(tmp_path):
                     time.sleep(0.05)
 
             threading.Thread(target=kill_a_busy_worker, daemon=True).start()
+            retried = []
             res = run_batch(manifest, tmp_path / "out", scheduler=cluster.scheduler_address, retries=2,
-                            options={"weights": w})
+                            options={"weights": w}, on_retry=retried.append)
     assert killed
     assert res["done"] == 4 and res["failed"] == 0
     assert max(r["attempts"] for r in res["records"]) == 2  # one scan ran twice: its worker died
+    again = sorted(r["scan"] for r in res["records"] if r["attempts"] == 2)  # those the dead worker held
+    assert sorted((r["scan"], r["attempt"], r["of"]) for r in retried) == [(s, 2, 3) for s in again]  # all said
+
+
+# -- batch talks as it goes -------------------------------------------------------------------
+
+
+def _busiest(pids: list[int]) -> int:
+    """The process among ``pids`` that used the most CPU over the next 0.3 s (a worker in a task)."""
+    def cpu(pid):
+        try:
+            return sum(int(v) for v in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[11:13])
+        except OSError:
+            return 0
+    before = {p: cpu(p) for p in pids}
+    time.sleep(0.3)
+    return max(pids, key=lambda p: cpu(p) - before[p])
+
+
+def _workers_of(session: int) -> list[int]:
+    """The Dask worker processes a ``ctpore batch`` started (spawned into its session)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline").read()
+            sid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        if sid == session and "spawn_main" in cmd:
+            out.append(int(pid))
+    return out
+
+
+def _start(cmd: list[str]) -> tuple[subprocess.Popen, list[str]]:
+    env = dict(os.environ, CTPORE_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    env.pop("PYTHONUNBUFFERED", None)  # as in a user's shell: a pipe gets what ctpore flushes, no more
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    err: list[str] = []
+    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
+    return proc, err
+
+
+def test_batch_prints_each_scan_as_it_ends_while_later_scans_still_run(tmp_path):
+    small, _, _ = make_pair(1, shape=(16, 32, 32))
+    big, _, _ = make_pair(2, shape=(96, 160, 160))
+    write(tmp_path / "small.nii.gz", small)
+    write(tmp_path / "big.nii.gz", big)
+    (tmp_path / "m.txt").write_text("big.nii.gz\nsmall.nii.gz\n")
+    out = tmp_path / "out"
+    proc, err = _start([sys.executable, "-m", "ctpore.app.cli", "batch", str(tmp_path / "m.txt"), "-o", str(out),
+                        "--weights", str(_weights(tmp_path)), "--workers", "2"])
+    lines, seen = [], None
+    try:
+        for line in proc.stdout:  # read while the process runs
+            lines.append(line.rstrip())
+            if "small.nii.gz" in line:
+                seen = (proc.poll(), (out / "big_metrics.json").exists(), len(report(out)))
+                break
+        rest = proc.stdout.read()
+    finally:
+        proc.wait(timeout=300)
+    assert seen == (None, False, 1), (seen, lines, err)  # small's line came while big was still running
+    assert lines[0].startswith("Dask dashboard: http://127.0.0.1:")  # the address first, before any scan
+    assert lines[-1].startswith("[1/2] small.nii.gz  done  porosity")
+    assert "[2/2] big.nii.gz  done" in rest and "2 done, 0 already done, 0 failed" in rest
+    assert proc.returncode == 0, err
+    # the scans' warnings (no length unit in these files) come out as reconstruct prints them
+    warned = [e for e in err if "warning" in e.lower()]
+    assert warned and all(e.startswith("ctpore: warning: ") for e in warned), err
+    assert any("small.nii.gz" in e and "length unit" in e for e in warned)
+    assert not [e for e in err if "CtporeWarning" in e or "warnings.warn" in e]
+
+
+def test_a_retried_scan_is_said_as_retried_with_no_error_line(tmp_path):
+    manifest, w = _slow_scans(tmp_path, 4), _weights(tmp_path)
+    out = tmp_path / "out"
+    proc, err = _start([sys.executable, "-m", "ctpore.app.cli", "batch", str(manifest), "-o", str(out),
+                        "--weights", str(w), "--workers", "2"])
+    lines, killed = [], None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if killed is None and "  done  " in line:  # both workers are busy now: kill the busier one
+            killed = _busiest(_workers_of(proc.pid))
+            os.kill(killed, signal.SIGKILL)
+    proc.wait(timeout=300)
+    assert killed and proc.returncode == 0, (lines, err)
+    assert [ln for ln in lines if "retried: its worker died (attempt 2 of 3)" in ln], lines
+    assert not [e for e in err if "ERROR" in e], err  # the scheduler's error for the dead worker is left out
+    recs = report(out)
+    assert sorted(Path(r["scan"]).name for r in recs) == [f"g{i}.nii" for i in range(4)]
+    assert max(r["attempts"] for r in recs) == 2
+
+
+def test_the_summary_has_one_row_per_scan_its_latest_attempt(six, capsys):
+    import csv
+
+    args = ["batch", str(six / "m.csv"), "-o", str(six / "out"), "--method", "otsu", "--workers", "2"]
+    with pytest.raises(SystemExit):
+        main(args)
+    first = {Path(r["scan"]).name: r for r in csv.DictReader((six / "out" / "batch_summary.csv").open())}
+    assert len(first) == 6
+    assert {n: r["status"] for n, r in first.items()} == {n: r["status"] for n, r in
+                                                          ((Path(r["scan"]).name, r) for r in report(six / "out"))}
+    assert float(first["s0.nii.gz"]["dice"]) == next(r["metrics"]["dice"] for r in report(six / "out")
+                                                       if r["scan"].endswith("s0.nii.gz"))
+    assert "truncated" in first["cut.nii.gz"]["error"]
+    out = capsys.readouterr().out
+    assert out.count("  done  porosity") == 4 and out.count("  failed: ") == 2  # a line per scan
+    with pytest.raises(SystemExit):
+        main(args)  # again: the good scans are skipped, the bad ones fail again
+    assert len(report(six / "out")) == 12  # the report is appended to...
+    again = {Path(r["scan"]).name: r for r in csv.DictReader((six / "out" / "batch_summary.csv").open())}
+    assert len(again) == 6  # ...the summary keeps one row per scan
+    for i in range(4):  # the attempt that made the outputs, not the skip
+        assert again[f"s{i}.nii.gz"] == first[f"s{i}.nii.gz"]
+    assert again["cut.nii.gz"]["ended"] >= first["cut.nii.gz"]["ended"]
+    assert "skipped (outputs complete from an earlier run)" in capsys.readouterr().out
+    assert not [p.name for p in (six / "out").iterdir() if p.name.startswith(".")]  # written whole
+
+
+def _console_output(tty: bool) -> str:
+    """What BatchConsole prints for three scans, its stdout a terminal (a pty, 100 columns) or a pipe."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    code = ("from ctpore.app.batch_console import BatchConsole\n"
+            "with BatchConsole(3) as c:\n"
+            "    c.start({'dashboard': 'http://127.0.0.1:1/status', 'todo': 3, 'skipped': 0})\n"
+            "    for i in range(3):\n"
+            "        c.record({'scan': f's{i}.nii', 'status': 'done', 'metrics': {'porosity': 0.5}})\n")
+    env = {k: v for k, v in os.environ.items() if k != "CTPORE_NO_PROGRESS"}
+    if not tty:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout
+    main_fd, sub_fd = pty.openpty()
+    fcntl.ioctl(sub_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=sub_fd, stderr=subprocess.DEVNULL)
+    os.close(sub_fd)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # the other end closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait()
+    os.close(main_fd)
+    return out.decode()
+
+
+def test_a_bar_over_the_scans_only_when_stdout_is_a_terminal():
+    piped, term = _console_output(False), _console_output(True)
+    for out in (piped, term):
+        assert [ln for ln in out.replace("\r", "\n").splitlines() if ln.startswith("[")] == [
+            f"[{i + 1}/3] s{i}.nii  done  porosity 0.5000  Euler -  pores -  [0.0 s]" for i in range(3)]
+    assert "batch:" in term and "/3 [" in term  # tqdm's bar, between the lines
+    assert "batch:" not in piped and "\r" not in piped

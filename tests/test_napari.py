@@ -126,11 +126,16 @@ def test_inspector_rows_sum_to_one_are_causal_and_per_head_layers_fit(scan_file,
     assert max(later) == point[0]
     heads = [lay for lay in layers if lay[2] == "image"]
     assert len(heads) == 2  # one entropy layer per full-resolution head
-    for ent, kw, _ in heads:
-        assert ent.shape == (1, 17, 17) and np.all(ent >= 0) and np.all(ent <= info["max_entropy"] + 1e-5)
+    for ent, kw, _ in heads:  # entropy as a fraction of its maximum, in a small square on the point's slice
+        assert ent.shape == (1, 17, 17) and np.all(ent >= 0) and np.all(ent <= 1 + 1e-6)
         assert kw["translate"][0] == pytest.approx(point[0] * kwargs["scale"][0])
-    pts = [lay for lay in layers if lay[2] == "points"][0][0]
-    assert pts.shape == (2, 3) and np.all(pts[:, 0] <= point[0]) and 0 <= info["similarity"] <= 1
+        assert kw["metadata"]["ctpore_role"] == "entropy"
+    assert [kw["visible"] for _, kw, _ in heads] == [True, False]  # the others hidden until asked
+    points = {kw["name"]: data for data, kw, kind in layers if kind == "points"}
+    np.testing.assert_array_equal(points["inspected voxel"], [point])  # a marker on the viewed slice
+    top = points["most attended slices"]
+    assert sorted(top[:, 0]) == sorted(set(view.top[-1])) and np.all(top[:, 0] <= point[0])
+    assert 0 <= info["similarity"] <= 1
     json.dumps(view.to_dict())  # what `ctpore attention --json` prints
 
 
@@ -202,6 +207,61 @@ def test_a_click_fills_the_inspector(make_napari_viewer, qtbot, scan_file, tiny_
     assert not widget.heatmap.pixmap().isNull()
     assert "head 0 attention entropy" in viewer.layers and "most attended slices" in viewer.layers
     assert "heads alike" in widget.summary.text()
+    # the viewer shows the voxel's slice, and the voxel's marker is on it
+    assert viewer.dims.current_step[0] == 12
+    np.testing.assert_array_equal(viewer.layers["inspected voxel"].data, [[12, 20, 17]])
+    # the entropy maps are small squares near the point, not the whole slice
+    ent = viewer.layers["head 0 attention entropy"]
+    assert ent.data.shape[1] * ent.data.shape[2] < 0.5 * layer.data.shape[1] * layer.data.shape[2]
+    assert not viewer.layers["head 1 attention entropy"].visible
+    # the dock's heatmap is the labelled picture (title, colour bar): far wider than one cell per slice
+    assert widget.heatmap.pixmap().width() > 300
+    assert viewer.dims.axis_labels == ("z", "y", "x")
+
+
+def test_scan_lists_offer_only_scans(make_napari_viewer, qtbot, scan_file, tiny_weights):
+    from types import SimpleNamespace
+
+    from ctpore.app.napari.widgets import AttentionInspector, ReconstructWidget
+
+    viewer = make_napari_viewer()
+    viewer.open(str(scan_file), plugin="ctpore")
+    rec, insp = ReconstructWidget(viewer), AttentionInspector(viewer)
+    rec.method.setCurrentText("poreformer")
+    rec.weights.edit.setText(tiny_weights)
+    rec.run()
+    qtbot.waitUntil(lambda: rec.run_button.isEnabled(), timeout=120_000)
+    insp.weights.edit.setText(tiny_weights)
+    insp._on_click(viewer, SimpleNamespace(type="mouse_press", position=tuple(viewer.layers["rock"].data_to_world(
+        (12, 20, 17)))))
+    qtbot.waitUntil(lambda: insp.info is not None, timeout=120_000)
+    images = [lay.name for lay in viewer.layers if isinstance(lay, napari.layers.Image)]
+    assert "rock pore probability" in images and "head 0 attention entropy" in images  # there, but not scans
+    viewer.add_image(np.zeros((4, 8, 8), np.float32), name="another scan")  # a user's own image is a scan
+    for combo in (rec.layer_choice, insp.layer_choice):
+        assert [combo.itemText(i) for i in range(combo.count())] == ["rock", "another scan"]
+    assert viewer.dims.axis_labels == ("z", "y", "x")
+
+
+def test_the_summary_button_summarizes_the_scan_split_by_its_pores(make_napari_viewer, qtbot, scan_file,
+                                                                    tiny_weights):
+    from ctpore.app.napari.widgets import AttentionInspector
+
+    viewer = make_napari_viewer()
+    viewer.open(str(scan_file), plugin="ctpore")
+    data = viewer.layers["rock"].data
+    pores = (data < np.percentile(data, 30)).astype(np.uint8)
+    viewer.add_labels(pores, name="rock pores", metadata={"ctpore_role": "pores", "ctpore_source": "rock"})
+    widget = AttentionInspector(viewer)
+    widget.weights.edit.setText(tiny_weights)
+    widget.summarize()
+    qtbot.waitUntil(lambda: widget.scan_summary is not None or "error" in widget.summary.text(), timeout=120_000)
+    s = widget.scan_summary
+    assert s is not None, widget.summary.text()
+    assert "rock pores" in s["pore_source"] and not widget.scan_picture.pixmap().isNull()
+    # pore voxels are those of the pores layer at the sampled columns (slices 1.., the grid of the sample)
+    stride, (oy, ox) = s["sample"]["stride"], s["sample"]["offset_yx"]
+    assert s["sample"]["pore_voxels"] == int(pores[1:, oy::stride, ox::stride].sum())
 
 
 def test_the_pores_show_in_3d(make_napari_viewer, scan_file):

@@ -3,7 +3,8 @@
 Layers travel as napari's layer data tuples ``(data, kwargs, layer_type)``. Volumes are
 ``(Z, Y, X)`` with the scan's voxel size in mm as ``scale``, so anisotropic voxels look right;
 ``metadata["ctpore_geometry"]`` keeps where a NIfTI came from, so a layer saved back keeps its
-header.
+header. Every layer ctpore adds that is not a scan (probability, pores, entropy maps, markers)
+carries ``metadata["ctpore_role"]`` (:data:`OUTPUT_ROLES`), so the widgets' scan lists leave it out.
 """
 
 from __future__ import annotations
@@ -17,9 +18,24 @@ import numpy as np
 from ctpore.errors import InputError
 
 __all__ = ["Cancelled", "scan_layer", "volume_of", "reconstruct_layers", "write_layer", "inspect_layers",
-           "simulated_layers"]
+           "simulated_layers", "summary_of", "is_output", "ROLE", "OUTPUT_ROLES", "INSPECTOR_ROLES",
+           "AXIS_LABELS"]
 
 LayerData = tuple  # (data, kwargs, layer_type)
+
+#: The metadata key that marks what a layer ctpore added is.
+ROLE = "ctpore_role"
+#: Roles of the layers the attention inspector adds (replaced at each new voxel).
+INSPECTOR_ROLES = ("entropy", "inspected voxel", "most attended")
+#: Roles of the layers ctpore adds that are results, not scans (never offered as a scan).
+OUTPUT_ROLES = ("probability", "pores", "truth", *INSPECTOR_ROLES)
+#: Names of a ``(Z, Y, X)`` volume's axes, for ``viewer.dims.axis_labels``.
+AXIS_LABELS = ("z", "y", "x")
+
+
+def is_output(metadata) -> bool:
+    """Whether a layer with this ``metadata`` is a result ctpore added (not a scan to work on)."""
+    return isinstance(metadata, dict) and metadata.get(ROLE) in OUTPUT_ROLES
 
 
 class Cancelled(Exception):
@@ -83,11 +99,13 @@ def reconstruct_layers(
     res = reconstruct(vol, method, weights=weights or None, device=device, spacing_mm=spacing, progress=tick)
     if should_stop():
         raise Cancelled
-    kw = {"scale": spacing, "metadata": {"ctpore_metrics": res.metrics}}
+    meta = {"ctpore_metrics": res.metrics, "ctpore_source": name}
     return [
-        (res.probability, {**kw, "name": f"{name} pore probability", "colormap": "magma",
-                           "contrast_limits": (0.0, 1.0), "visible": False}, "image"),
-        (res.pores, {**kw, "name": f"{name} pores", "opacity": 0.6}, "labels"),
+        (res.probability, {"scale": spacing, "name": f"{name} pore probability", "colormap": "magma",
+                           "contrast_limits": (0.0, 1.0), "visible": False,
+                           "metadata": {**meta, ROLE: "probability"}}, "image"),
+        (res.pores, {"scale": spacing, "name": f"{name} pores", "opacity": 0.6,
+                     "metadata": {**meta, ROLE: "pores"}}, "labels"),
     ], res.metrics
 
 
@@ -114,21 +132,25 @@ def inspect_layers(
     point: tuple[int, int, int],
     scale=None,
     weights: Optional[str] = None,
-    radius: int = 48,
+    radius: int = 12,
+    normalize_rows: bool = False,
 ) -> tuple[list[LayerData], dict]:
     """The attention inspector's results for voxel ``point`` of a layer's volume.
 
     Returns
     -------
     layers : list
-        One image layer per full-resolution head with its attention entropy per pixel around the
-        point (on the point's slice), and a points layer marking, for each head, the slice it
-        attends to most.
+        On the point's slice: one small image layer per full-resolution head with its attention
+        entropy as a fraction of its maximum, per pixel in a square of ``radius`` around the
+        point (head 0 shown, the others hidden until asked), and a marker on the voxel
+        itself; and a points layer marking the slices the full-resolution heads attend to most
+        (labelled with the heads; each shows when its slice is viewed).
     info : dict
-        ``view`` (:class:`~ctpore.pipelines.inspect.HeadView`), ``heatmap`` (RGB), ``similarity``
-        of the heads, ``max_entropy``.
+        ``view`` (:class:`~ctpore.pipelines.inspect.HeadView`), ``heatmap`` (the labelled
+        picture, RGB), ``similarity`` of the heads, ``max_entropy``.
     """
-    from ctpore.pipelines.inspect import attention_at, head_maps, heatmap_rgb
+    from ctpore.pipelines.inspect import attention_at, head_maps
+    from ctpore.pipelines.inspect_plot import heatmap_rgb
 
     vol = volume_of(data)
     spacing = _spacing(scale)
@@ -136,18 +158,48 @@ def inspect_layers(
     maps = head_maps(vol, point, weights=weights, radius=radius)
     z, y, x = view.point
     y0, x0 = maps["origin"]
+    label = maps["label"]
     layers: list[LayerData] = []
     for h, ent in enumerate(maps["entropy"]):
-        layers.append((ent[None], {"name": f"head {h} attention entropy", "scale": spacing,
-                                   "translate": (z * spacing[0], y0 * spacing[1], x0 * spacing[2]),
-                                   "colormap": "viridis", "contrast_limits": (0.0, maps["max_entropy"]),
-                                   "visible": h == 0, "opacity": 0.7}, "image"))
-    top = view.top[-1]  # the full-resolution block
-    pts = np.array([[t, y, x] for t in top], dtype=float)
-    layers.append((pts, {"name": "most attended slices", "scale": spacing, "size": 3, "face_color": "red",
-                         "features": {"head": np.arange(len(top))}}, "points"))
-    return layers, {"view": view, "heatmap": heatmap_rgb(view), "similarity": maps["similarity"],
+        frac = ent[None] / maps["max_entropy"] if maps["max_entropy"] > 0 else np.zeros_like(ent[None])
+        layers.append((frac, {"name": f"head {h} attention entropy", "scale": spacing,
+                              "translate": (z * spacing[0], y0 * spacing[1], x0 * spacing[2]),
+                              "colormap": "viridis", "contrast_limits": (0.0, 1.0),
+                              "visible": h == 0, "opacity": 0.6,
+                              "metadata": {ROLE: "entropy", "ctpore_about": f"{label}, head {h}: attention entropy "
+                                           "/ its maximum (0: one slice, 1: even over its window)"}}, "image"))
+    layers.append((np.array([[z, y, x]], dtype=float),
+                   {"name": "inspected voxel", "scale": spacing, "size": 4, "symbol": "ring", "face_color": "red",
+                    "border_color": "red", "metadata": {ROLE: "inspected voxel"}}, "points"))
+    top = view.top[-1]  # the full-resolution block: one marker per slice some head attends to most
+    slices = sorted({int(t) for t in top})
+    says = [f"head{'s' if (top == s).sum() > 1 else ''} {', '.join(str(h) for h in np.flatnonzero(top == s))}: "
+            "most attended" for s in slices]
+    layers.append((np.array([[s, y, x] for s in slices], dtype=float),
+                   {"name": "most attended slices", "scale": spacing, "size": 3, "face_color": "yellow",
+                    "features": {"says": says}, "metadata": {ROLE: "most attended"},
+                    "text": {"string": "{says}", "color": "yellow", "anchor": "lower_left", "size": 9}},
+                   "points"))
+    return layers, {"view": view, "heatmap": heatmap_rgb(view, normalize_rows), "similarity": maps["similarity"],
                     "max_entropy": maps["max_entropy"]}
+
+
+def summary_of(data, name: str = "the scan", weights: Optional[str] = None, pores=None, pores_name: str = "",
+               columns: int = 1024, progress: Optional[Callable[[int, int, str], None]] = None,
+               ) -> tuple[dict, np.ndarray]:
+    """The whole-scan summary of the heads (:func:`~ctpore.pipelines.inspect_summary.head_summary`)
+    of layer ``name``'s volume, and its picture (RGB); ``pores``: the data of a pores layer
+    (``pores_name``) to split by, else the model's own prediction."""
+    from ctpore.pipelines.inspect_plot import summary_rgb
+    from ctpore.pipelines.inspect_summary import head_summary
+
+    vol = volume_of(data, f"layer {name!r}")
+    summary = head_summary(vol, weights=weights, columns=columns, progress=progress,
+                           pores=None if pores is None else np.asarray(pores))
+    summary["scan"] = name
+    if pores is not None:
+        summary["pore_source"] = f"the layer {pores_name!r} (1 = pore)"
+    return summary, summary_rgb(summary)
 
 
 def simulated_layers(seed: int = 2026, shape=(64, 128, 128)) -> list[LayerData]:
@@ -157,7 +209,8 @@ def simulated_layers(seed: int = 2026, shape=(64, 128, 128)) -> list[LayerData]:
     scan, truth, info = make_pair(seed, shape=tuple(shape))
     scale = (VOXEL_SIZE_MM,) * 3
     return [(scan, {"name": f"simulated {info['family']} scan", "scale": scale}, "image"),
-            (truth, {"name": "true pores", "scale": scale, "opacity": 0.5, "visible": False}, "labels")]
+            (truth, {"name": "true pores", "scale": scale, "opacity": 0.5, "visible": False,
+                     "metadata": {ROLE: "truth"}}, "labels")]
 
 
 def is_readable(path) -> bool:

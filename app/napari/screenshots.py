@@ -32,7 +32,7 @@ def main(outdir: str) -> None:
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     viewer = napari.Viewer(show=True)
-    viewer.window.resize(1400, 900)
+    viewer.window.resize(1560, 960)
     for data, kwargs, kind in simulated_layers(seed=7, shape=(64, 128, 128)):
         if kind == "image":
             getattr(viewer, f"add_{kind}")(data, **kwargs)
@@ -43,13 +43,15 @@ def main(outdir: str) -> None:
     while not rec.run_button.isEnabled():
         app.processEvents()
     viewer.dims.ndisplay = 3
-    viewer.camera.angles = (0, 30, 60)
-    viewer.camera.zoom *= 0.9
+    camera = viewer.scene.camera if hasattr(viewer, "scene") else viewer.camera  # napari 0.9 moved it
+    camera.angles = (0, 30, 60)
+    camera.zoom *= 0.9
     settle(app)
     viewer.screenshot(str(out / "napari_pores_3d.png"), canvas_only=False, flash=False)
     viewer.dims.ndisplay = 2
     viewer.window.remove_dock_widget(rec)
     insp = AttentionInspector(viewer)
+    insp.setMinimumWidth(700)  # room for the heatmap at its size
     viewer.window.add_dock_widget(insp, name="Attention inspector (ctpore)")
     viewer.dims.set_point(0, viewer.layers[0].data_to_world((40, 64, 64))[0])
     insp.set_point((40, 64, 64))

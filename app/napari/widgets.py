@@ -27,7 +27,16 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from ctpore.app.napari.layers import Cancelled, inspect_layers, reconstruct_layers
+from ctpore.app.napari.layers import (
+    AXIS_LABELS,
+    INSPECTOR_ROLES,
+    ROLE,
+    Cancelled,
+    inspect_layers,
+    is_output,
+    reconstruct_layers,
+    summary_of,
+)
 from ctpore.pipelines.methods import method_names
 from ctpore.errors import InputError
 
@@ -35,13 +44,21 @@ __all__ = ["ReconstructWidget", "AttentionInspector"]
 
 
 def _image_layers(viewer) -> list:
+    """The viewer's scans: its image layers, less the results ctpore added (probability, entropy)."""
     import napari
 
-    return [layer for layer in viewer.layers if isinstance(layer, napari.layers.Image)]
+    return [layer for layer in viewer.layers
+            if isinstance(layer, napari.layers.Image) and not is_output(layer.metadata)]
+
+
+def _name_axes(viewer) -> None:
+    """Name a 3D viewer's axes z, y, x (napari would show -3, -2, -1)."""
+    if viewer.dims.ndim == len(AXIS_LABELS):
+        viewer.dims.axis_labels = AXIS_LABELS
 
 
 class _LayerChoice(QComboBox):
-    """The image layers of the viewer, kept up to date."""
+    """The scans of the viewer (image layers that are not ctpore's results), kept up to date."""
 
     def __init__(self, viewer):
         super().__init__()
@@ -51,6 +68,7 @@ class _LayerChoice(QComboBox):
         self.refresh()
 
     def refresh(self, *_):
+        _name_axes(self.viewer)
         current = self.currentText()
         self.clear()
         names = [layer.name for layer in _image_layers(self.viewer)]
@@ -219,13 +237,26 @@ def _pixmap(rgb: np.ndarray) -> QPixmap:
     return QPixmap.fromImage(image)
 
 
+def _fit(label: QLabel, rgb: np.ndarray, width: int) -> None:
+    """Show a picture in a label, scaled down (smoothly) to ``width`` pixels where it is wider, but
+    never below 80% (its text stays readable; the dock scrolls instead)."""
+    pix = _pixmap(rgb)
+    if pix.width() > width:
+        pix = pix.scaledToWidth(max(width, int(0.8 * pix.width())), Qt.SmoothTransformation)
+    label.setPixmap(pix)
+    label.setFixedSize(pix.size())
+    label.updateGeometry()
+
+
 class AttentionInspector(QWidget):
     """Click a voxel (or type z, y, x): what each attention head of PoreFormer looks back at.
 
-    Shows the heads x earlier slices heatmap (one row per block and head), each head's entropy
-    and mean look-back, and how alike the heads are; marks in the viewer the slice each
-    full-resolution head attends to most, and adds one layer per head with its attention entropy
-    per pixel around the point on the current slice.
+    Shows the heads x earlier slices heatmap (one row per head, named by its block's scale, on
+    one colour scale with its colour bar; each row scaled alone only when asked), each head's
+    entropy and mean look-back, and how alike the heads are; marks the voxel on its slice and,
+    for each full-resolution head, the slice it attends to most; adds one small layer per head
+    with its attention entropy around the point (head 0 shown). "Summarize the heads over the
+    scan" shows what each head does over the whole scan, pore and solid voxels apart.
     """
 
     def __init__(self, napari_viewer):
@@ -238,11 +269,13 @@ class AttentionInspector(QWidget):
             box.setRange(0, 100_000)
         self.pick = QCheckBox("pick the voxel with a click")
         self.pick.setChecked(True)
+        self.normalize_rows = QCheckBox("scale each row to its own maximum (rows not comparable)")
         self.show_button = QPushButton("Show the heads")
+        self.summary_button = QPushButton("Summarize the heads over the scan")
         self.heatmap = QLabel()
-        self.summary = QLabel("")
-        self.summary.setWordWrap(True)
+        self.summary = QLabel("")  # short lines, no wrapping: the dock scrolls
         self.summary.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.scan_picture = QLabel()
         form = QFormLayout()
         form.addRow("scan", self.layer_choice)
         form.addRow("weights", self.weights)
@@ -254,12 +287,17 @@ class AttentionInspector(QWidget):
         box = QVBoxLayout(self)
         box.addLayout(form)
         box.addWidget(self.pick)
+        box.addWidget(self.normalize_rows)
         box.addWidget(self.show_button)
-        box.addWidget(_scrolled(self.heatmap, self.summary), stretch=1)
+        box.addWidget(self.summary_button)
+        box.addWidget(_scrolled(self.heatmap, self.summary, self.scan_picture), stretch=1)
         self.show_button.clicked.connect(self.show_heads)
+        self.summary_button.clicked.connect(self.summarize)
         napari_viewer.mouse_drag_callbacks.append(self._on_click)
         self.worker = None
+        self.summary_worker = None
         self.info: dict | None = None
+        self.scan_summary: dict | None = None
 
     def _on_click(self, viewer, event):
         if not self.pick.isChecked() or event.type != "mouse_press":
@@ -285,14 +323,17 @@ class AttentionInspector(QWidget):
             self.summary.setText("open a scan first: there is no image layer to inspect")
             return
         data, scale, point, weights = layer.data, tuple(layer.scale), self.point(), self.weights.value()
+        normalize_rows = self.normalize_rows.isChecked()
         self.summary.setText(f"looking at voxel {point}…")
+
         @thread_worker
         def work():
             try:
-                return "done", inspect_layers(data, point, scale, weights)
+                return "done", inspect_layers(data, point, scale, weights, normalize_rows=normalize_rows)
             except Exception as exc:  # said in the dock, in one line
                 return "error", _one_line(exc)
 
+        self._layer = layer
         self.worker = work()
         self.worker.returned.connect(self._done)
         self.worker.start()
@@ -303,20 +344,58 @@ class AttentionInspector(QWidget):
             self.summary.setText(f"error: {result}")
             return
         layers, info = result
-        for name in [lay.name for lay in self.viewer.layers]:
-            if name.startswith("head ") and name.endswith(" attention entropy") or name == "most attended slices":
-                self.viewer.layers.remove(name)
+        for old in [lay for lay in self.viewer.layers if (lay.metadata or {}).get(ROLE) in INSPECTOR_ROLES]:
+            self.viewer.layers.remove(old)
         for data, kwargs, kind in layers:
             getattr(self.viewer, f"add_{kind}")(data, **kwargs)
-        self.info = info
-        pix = _pixmap(info["heatmap"])
-        self.heatmap.setPixmap(pix)
-        self.heatmap.setFixedSize(pix.size())
         view = info["view"]
-        lines = [f"voxel {view.point}: heads x slices {int(view.slices[0])}..{int(view.slices[-1])}"]
-        for b, name in enumerate(view.blocks):
-            for h in range(view.weights.shape[1]):
-                lines.append(f"{name} head {h}: top slice {view.top[b, h]}, look-back {view.lookback[b, h]:.1f}, "
-                             f"entropy {view.entropy[b, h]:.2f}")
+        if self.viewer.dims.ndim == 3:  # view the voxel's slice, where its marker is
+            self.viewer.dims.set_point(0, self._layer.data_to_world(view.point)[0])
+        self.info = info
+        _fit(self.heatmap, info["heatmap"], self._room())
+        lines = [f"voxel {view.point}; the slice each head attends to most:"]
+        for b, label in enumerate(view.labels):
+            lines.append(f"  {label}: " + ", ".join(str(int(t)) for t in view.top[b]))
         lines.append(f"heads alike (full resolution, 1 = copies): {info['similarity']:.2f}")
         _show_text(self.summary, "\n".join(lines))
+
+    def _room(self) -> int:
+        """Width the dock's pictures can take without a horizontal scroll bar."""
+        return max(320, self.width() - 40)
+
+    def summarize(self):
+        """What each head does over the whole scan (in a thread): the picture in the dock."""
+        layer = self.layer_choice.layer()
+        if layer is None:
+            self.summary.setText("open a scan first: there is no image layer to summarize")
+            return
+        name, data, weights = layer.name, layer.data, self.weights.value()
+        pores = [lay for lay in self.viewer.layers
+                 if (lay.metadata or {}).get(ROLE) == "pores" and lay.metadata.get("ctpore_source") == name]
+        pdata, pname = (pores[0].data, pores[0].name) if pores else (None, "")
+        self.summary_button.setEnabled(False)
+        self.summary.setText(f"summarizing the heads over {name}"
+                             f"{f' (pore or solid from {pname})' if pores else ''}…")
+
+        @thread_worker
+        def work():
+            try:
+                return "done", summary_of(data, name, weights, pores=pdata, pores_name=pname)
+            except Exception as exc:  # said in the dock, in one line
+                return "error", _one_line(exc)
+
+        self.summary_worker = work()
+        self.summary_worker.returned.connect(self._summarized)
+        self.summary_worker.start()
+
+    def _summarized(self, outcome):
+        status, result = outcome
+        self.summary_button.setEnabled(True)
+        if status == "error":
+            self.summary.setText(f"error: {result}")
+            return
+        self.scan_summary, rgb = result
+        _fit(self.scan_picture, rgb, self._room())
+        s = self.scan_summary["sample"]
+        _show_text(self.summary, f"{self.scan_summary['scan']}: {s['voxels']} voxels in {s['columns']} pixel columns\n"
+                                 f"pore or solid: {self.scan_summary['pore_source']}")

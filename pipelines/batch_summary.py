@@ -1,0 +1,93 @@
+"""``batch_summary.csv``: one row per scan, its latest attempt, beside the append-only report.
+
+``batch_report.jsonl`` gets a line each time a scan ends, run after run, so a reader would have
+to take the last line per scan. The summary does that once: it is rebuilt from the report when a
+run starts, updated (rewritten whole, atomically) as each scan ends, and written again when the
+run ends. A ``skipped`` line (outputs complete from an earlier run) is no attempt: it replaces
+nothing but an earlier failure, and stands alone only when the report holds no attempt of that
+scan.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ctpore.atomic import atomic_write
+
+__all__ = ["SUMMARY_NAME", "COLUMNS", "BatchSummary", "latest_records"]
+
+SUMMARY_NAME = "batch_summary.csv"
+#: The summary's columns: the scan, how its latest attempt ended, and its figures.
+COLUMNS = ("scan", "status", "attempts", "seconds", "porosity", "euler_number", "n_pores",
+           "connectivity_density_per_mm3", "mse", "dice", "euler_error_rel", "error", "warnings", "worker", "ended")
+
+
+def _newer(old: dict | None, rec: dict) -> bool:
+    """Whether ``rec`` replaces ``old`` as the scan's latest attempt."""
+    return old is None or rec.get("status") != "skipped" or old.get("status") != "done"
+
+
+def latest_records(report: str | os.PathLike) -> dict[str, dict]:
+    """The latest attempt of each scan in a ``batch_report.jsonl`` (in the order the scans first
+    appear); lines that do not parse (a run killed while writing one) are passed over."""
+    out: dict[str, dict] = {}
+    try:
+        lines = Path(report).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "scan" in rec and _newer(out.get(rec["scan"]), rec):
+            out[rec["scan"]] = rec
+    return out
+
+
+def _row(rec: dict) -> dict[str, Any]:
+    m = rec.get("metrics") or {}
+    row = {k: m.get(k, "") for k in COLUMNS if k in m}
+    row.update(scan=rec["scan"], status=rec.get("status", ""), attempts=rec.get("attempts", ""),
+               seconds=rec.get("seconds", ""), error=rec.get("error", rec.get("reason", "")),
+               warnings=" | ".join(w.get("message", "") for w in rec.get("warnings") or []),
+               worker=rec.get("worker", ""), ended=rec.get("ended", ""))
+    return row
+
+
+class BatchSummary:
+    """The summary of the report in ``outdir``: :meth:`update` with each record as its scan ends.
+
+    Parameters
+    ----------
+    outdir : path
+        The batch's output folder (it must exist).
+    report : path
+        The report whose earlier lines seed the summary.
+    """
+
+    def __init__(self, outdir: str | os.PathLike, report: str | os.PathLike):
+        self.path = Path(outdir) / SUMMARY_NAME
+        self.latest = latest_records(report)
+
+    def update(self, rec: dict) -> None:
+        """Take ``rec`` as its scan's latest attempt (see the module docstring) and rewrite the file."""
+        if _newer(self.latest.get(rec["scan"]), rec):
+            self.latest[rec["scan"]] = rec
+        self.write()
+
+    def write(self) -> Path:
+        """Write the summary whole (a temporary file renamed over the old one)."""
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for rec in self.latest.values():
+            writer.writerow(_row(rec))
+        with atomic_write(self.path) as tmp:
+            Path(tmp).write_text(buf.getvalue())
+        return self.path
