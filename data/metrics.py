@@ -271,7 +271,7 @@ for _metric in (
     Metric("mse", lambda a: a.sums["sq"] / a.n, "truth"),
     Metric("dice", _dice, "truth"),
     Metric("iou", _iou, "truth"),
-    Metric("porosity_error", lambda a: abs(a.sums["pred"] - a.sums["truth"]) / a.n, "truth"),
+    Metric("porosity_error", lambda a: float(abs(a.sums["pred"] / a.n - a.sums["truth"] / a.n)), "truth"),
     Metric("euler_error_rel", lambda a: _rel(a.pores.euler_number(26), a.truth_topology.euler_number(26)), "truth"),
     Metric("euler_number_pred", lambda a: a.pores.euler_number(26), "truth"),
     Metric("euler_number_truth", lambda a: a.truth_topology.euler_number(26), "truth"),
