@@ -15,23 +15,19 @@ from pathlib import Path
 import click
 
 from ctpore import __version__
+from ctpore.app.attention_cli import attention
+from ctpore.app.console import SLICE_AXIS_HELP as _SLICE_AXIS_HELP
+from ctpore.app.console import Progress as _Progress
+from ctpore.app.console import check_device as _check_device
+from ctpore.app.console import error as _error
+from ctpore.app.console import option as _option
+from ctpore.app.console import resource_error as _resource_error
+from ctpore.app.console import show_warning as _show_warning
+from ctpore.app.console import warn as _warn
 from ctpore.errors import InputError
 from ctpore.runtime import tune_allocator
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
-
-
-from ctpore.app.attention_cli import attention
-from ctpore.app.console import (
-    SLICE_AXIS_HELP as _SLICE_AXIS_HELP,
-    Progress as _Progress,
-    check_device as _check_device,
-    error as _error,
-    option as _option,
-    resource_error as _resource_error,
-    show_warning as _show_warning,
-    warn as _warn,
-)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -95,7 +91,8 @@ def _method_help() -> str:
          type=_method_choice(), help=_method_help())
 @_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
          help="The method's weights (.safetensors), for the learned methods.")
-@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis", help=_SLICE_AXIS_HELP)
+@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis",
+         help=_SLICE_AXIS_HELP)
 @_option("--truth", type=click.Path(path_type=Path), default=None, show_default="none",
          help="Ground-truth pores (1 = pore) to add MSE, Dice and Euler error to the metrics (one SCAN only).")
 @_option("--overwrite", is_flag=True, show_default=True,
@@ -254,7 +251,8 @@ def evaluate(pred, truth, prob, slice_axis, as_json):
 
 @cli.command()
 @click.argument("scan", type=click.Path(path_type=Path))
-@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis", help=_SLICE_AXIS_HELP)
+@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis",
+         help=_SLICE_AXIS_HELP)
 @_option("--json", "as_json", is_flag=True, show_default=True, help="Print JSON instead of a table.")
 def info(scan, slice_axis, as_json):
     """Shape, spacing, orientation, dtype and intensity range of SCAN."""

@@ -37,7 +37,7 @@ def load_flash() -> tuple[Callable | None, str]:
             why = f"the GPU's compute capability is {major}.x; flash-attn needs >= 8.0"
         if not why:
             try:
-                from flash_attn import flash_attn_func  # noqa: PLC0415 (optional, lazy)
+                from flash_attn import flash_attn_func  # optional, lazy
             except (ImportError, OSError) as exc:
                 why = (f"flash-attn cannot be imported ({exc}); install it with "
                        "pip install flash-attn --no-build-isolation (see the README)")

@@ -136,7 +136,7 @@ class PoreFormerConfig:
 
         The file may hold the fields at top level or under a ``model:`` key.
         """
-        import yaml  # noqa: PLC0415 (only needed here)
+        import yaml  # only needed here
 
         p = Path(path) if path is not None else SHIPPED_CONFIG
         try:

@@ -117,7 +117,7 @@ def _check_fit(state: dict, expected: dict, path: Path, meta: dict | None = None
     shown = "; ".join(diffs[:2]) + ("; ..." if n > 2 else "")
     written = ""
     if meta and meta.get("ctpore_version"):
-        from ctpore import __version__  # noqa: PLC0415
+        from ctpore import __version__
 
         if meta["ctpore_version"] != __version__:
             written = f" (written by ctpore {meta['ctpore_version']}, this is {__version__})"
@@ -178,9 +178,9 @@ def save_weights(model: torch.nn.Module, path: str | Path, metadata: dict | None
     Path
         ``path``.
     """
-    from safetensors.torch import save_file  # noqa: PLC0415
+    from safetensors.torch import save_file
 
-    from ctpore import __version__  # noqa: PLC0415
+    from ctpore import __version__
 
     config = getattr(model, "config", None)
     is_poreformer = hasattr(config, "to_json")
@@ -224,7 +224,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     InputError
         For a missing, pickle or otherwise non-safetensors file.
     """
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open
 
     p = _check_safetensors(path)
     try:
@@ -267,9 +267,9 @@ def load_model(
         For a pickle checkpoint (never unpickled), a file that is not safetensors, a missing
         config, or tensors that do not fit the config.
     """
-    from safetensors.torch import load_file  # noqa: PLC0415
+    from safetensors.torch import load_file
 
-    from ctpore.models.poreformer import PoreFormer, PoreFormerConfig  # noqa: PLC0415
+    from ctpore.models.poreformer import PoreFormer, PoreFormerConfig
 
     meta = read_metadata(path)
     p = Path(path)
@@ -303,9 +303,9 @@ def load_unet(path: str | Path) -> torch.nn.Module:
     InputError
         For a missing or non-safetensors file, or one without a U-Net config.
     """
-    from safetensors.torch import load_file  # noqa: PLC0415
+    from safetensors.torch import load_file
 
-    from ctpore.models.unet import build_unet  # noqa: PLC0415
+    from ctpore.models.unet import build_unet
 
     p = Path(path)
     if not p.exists():
@@ -396,7 +396,7 @@ def _cached_for_inference(path: str, size: int, mtime_ns: int, device: str, atte
 def save_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int,
                     config: dict, history: list) -> None:
     """Write a training checkpoint: model and optimizer tensors, step, config and history as metadata."""
-    from safetensors.torch import save_file  # noqa: PLC0415
+    from safetensors.torch import save_file
 
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     osd = opt.state_dict()
@@ -416,7 +416,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.O
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, list, dict]:
     """Load a checkpoint into ``model`` and ``opt``; return ``(step, history, train config dict)``."""
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open
 
     p = _check_safetensors(path)
     try:

@@ -212,7 +212,7 @@ def _why_not():
         warnings.simplefilter("always")
         try:
             yield why
-        except Exception as exc:  # noqa: BLE001 (any refusal is a result here, not a failure)
+        except Exception as exc:  # any refusal is a result here, not a failure
             reasons = [_line(w.message, 160) for w in caught if "because" in str(w.message)][:3]
             why.append(_line("; ".join([f"{type(exc).__name__}: {_line(exc, 160)}", *reasons]), 600))
 
@@ -288,7 +288,8 @@ def model_agreement(args: dict) -> dict:
             truth = predict(load_model(path, device=dev, attention_backend="math"), vol, chunk, tile, dev,
                             precision="fp32")
             sdpa32 = load_model(path, device=dev, attention_backend="sdpa")
-            res["sdpa_fp32_error"] = float(np.abs(predict(sdpa32, vol, chunk, tile, dev, precision="fp32") - truth).max())
+            sdpa_out = predict(sdpa32, vol, chunk, tile, dev, precision="fp32")
+            res["sdpa_fp32_error"] = float(np.abs(sdpa_out - truth).max())
         outs = {}
         for backend in ("math", "sdpa", "flash"):
             try:
@@ -299,7 +300,8 @@ def model_agreement(args: dict) -> dict:
             model.reset_backends_ran()
             outs[backend] = predict(model, vol, chunk, tile, dev, precision="bf16")
             d = np.abs(outs[backend] - truth)
-            res[backend] = {"available": True, "max_abs_error_bf16": float(d.max()), "mean_abs_error_bf16": float(d.mean()),
+            res[backend] = {"available": True, "max_abs_error_bf16": float(d.max()),
+                            "mean_abs_error_bf16": float(d.mean()),
                             "ran": model.backends_ran()}
     bound = res["math"]["max_abs_error_bf16"]
     for backend in ("sdpa", "flash"):

@@ -257,8 +257,8 @@ def run_reconstruction(
         with sink.raw(folder) as raw:
             if has_contrast(lo, hi):
                 halo = getattr(predictor, "halo", None)
-                source = (windowed(volume, folder, shape, tile, halo, progress)
-                          if isinstance(volume, Scan) and halo is not None and tile is not None else nullcontext(volume))
+                tiled = isinstance(volume, Scan) and halo is not None and tile is not None
+                source = windowed(volume, folder, shape, tile, halo, progress) if tiled else nullcontext(volume)
                 with source as src:
                     view = NormalizedVolume(src, lo, hi)
                     info.update(predictor.predict(view, raw, budget_bytes=model_budget, progress=progress,

@@ -40,7 +40,8 @@ def test_filtered_pipeline_recovers_a_noisy_phase_better_than_plain():
     scan, truth = _noisy_two_phase(2, noise=0.2)
     plain, _ = otsu_segment(scan)
     filt, _ = otsu_segment(scan, median_size=3, min_size=10)
-    err = lambda p: np.mean(p.astype(bool) != truth)
+    def err(p):
+        return np.mean(p.astype(bool) != truth)
     assert err(filt) < err(plain)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -121,7 +120,8 @@ def test_the_gpu_checks_run_here_on_cpu_and_measure_what_they_say(capsys):
     assert sp["voxels_per_s"] > 0 and sp["ran"] == "sdpa" and sp["precision"] == "fp32" and sp["estimate_gb"] > 0
     from ctpore.pipelines.bench.speed import gpu_section
 
-    text = "\n".join(gpu_section({"versions": v, "kernels": k, "sdpa_kernel": s, "model": m, "speed": sp, "errors": []}))
+    text = "\n".join(gpu_section({"versions": v, "kernels": k, "sdpa_kernel": s, "model": m, "speed": sp,
+                                  "errors": []}))
     assert f"| attention kernel (full resolution, bf16) | {k['full_resolution']['math_bf16_error']:.2e} |" in text
     assert f"{m['sdpa']['max_abs_error_bf16']:.2e}" in text and f"{sp['voxels_per_s']:.3g}" in text
     assert f"inside the model: {s['ran']} (profiler)" in text and "did not finish" not in text

@@ -119,8 +119,9 @@ def test_refit_postprocessing_keeps_tensors_and_provenance_and_does_not_raise_ms
 
     monkeypatch.setattr(T.export, "POSTPROCESSING_SCANS", 3)  # the run's 2 validation scans and one more
     cfg = T.config_from_dict({
-        "model": "poreformer", "model_config": {"d_model": 16, "n_heads": 2, "n_layers": 1,
-                                                "stem_channels": 4, "level_channels": [8, 16], "level_attention": [0, 1]},
+        "model": "poreformer",
+        "model_config": {"d_model": 16, "n_heads": 2, "n_layers": 1, "stem_channels": 4, "level_channels": [8, 16],
+                         "level_attention": [0, 1]},
         "data": {"n_train": 2, "n_val": 2, "volume_size": 16, "crop": [8, 12, 12]},
         "steps": 4, "batch_size": 2, "warmup": 1, "val_every": 4, "ckpt_every": 4,
     })

@@ -15,9 +15,7 @@ from ctpore.data.io.write import SlabWriter
 from ctpore.data.metrics import comparison_metrics, volume_metrics
 from ctpore.data.slabs import SlabComponents, StreamingTopology
 from ctpore.data.topology import connectivity_density, euler_number, n_components
-from ctpore.errors import InputError
 from ctpore.models.classical import clean_specks
-from ctpore.pipelines.spill import BlockSpill
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

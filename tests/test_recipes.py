@@ -63,7 +63,7 @@ def test_every_metric_streamed_equals_the_whole_volume(registries):
     whole volume gives in one slab."""
     registries("toy_metric")
     rng = np.random.default_rng(7)
-    for trial in range(6):
+    for _trial in range(6):
         shape = tuple(int(s) for s in rng.integers(4, 18, 3))
         pores = (ndi.gaussian_filter(rng.standard_normal(shape), 1.0) > rng.uniform(-0.4, 0.4)).astype(np.uint8)
         truth = (ndi.gaussian_filter(rng.standard_normal(shape), 1.0) > 0).astype(np.uint8)

@@ -153,7 +153,8 @@ def test_real_scan_metrics_reproduce_from_written_files(tmp_path, capsys):
         assert ev[k] == m[k], k
     assert ev["dice"] == 1.0
     for key in ("porosity", "euler_number", "euler_number_6", "connectivity_density_per_mm3", "n_pores", "shape",
-                "spacing_mm", "spacing_unit", "method", "model", "device", "attention_backend", "seconds", "ctpore_version"):
+                "spacing_mm", "spacing_unit", "method", "model", "device", "attention_backend", "seconds",
+                "ctpore_version"):
         assert key in m
 
 

@@ -18,7 +18,8 @@ from ctpore.pipelines.train import (
 
 TINY = {
     "model": "poreformer",
-    "model_config": {"d_model": 16, "n_heads": 2, "n_layers": 1, "stem_channels": 4, "level_channels": [8, 16], "level_attention": [0, 1]},
+    "model_config": {"d_model": 16, "n_heads": 2, "n_layers": 1, "stem_channels": 4, "level_channels": [8, 16],
+                     "level_attention": [0, 1]},
     "data": {"n_train": 2, "n_val": 1, "volume_size": 16, "crop": [8, 12, 12]},
     "steps": 6,
     "batch_size": 2,

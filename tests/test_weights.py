@@ -123,9 +123,16 @@ def test_sha256_file(tmp_path):
     assert sha256_file(big) == hashlib.sha256(data).hexdigest()
 
 
-def test_default_weights_path():
+def test_default_weights_path(tmp_path, monkeypatch):
+    """The shipped weights are found and are a PoreFormer; a folder without them gives None."""
     import ctpore.models.weights as w
 
     p = default_weights_path()
-    expected = Path(w.__file__).resolve().parent / "weights" / "poreformer.safetensors"
-    assert p == (expected if expected.is_file() else None)
+    if p is not None:
+        assert p.name == "poreformer.safetensors" and p.is_file()
+        assert read_metadata(p)["format"] == w.FORMAT
+        assert load_model(p).config.d_model == 64
+    monkeypatch.setattr(w, "weights_dir", lambda: tmp_path)
+    assert w.default_weights_path() is None
+    (tmp_path / "poreformer.safetensors").write_bytes(b"x")
+    assert w.default_weights_path() == tmp_path / "poreformer.safetensors"

@@ -71,7 +71,8 @@ def optional_import(module: str, path: Path, what: str):
     except ImportError as exc:
         raise InputError(
             f"reading {what} needs the Python package {module}, which is not installed here "
-            f"({reason(exc)}); install it with: pip install {module} (or install ctpore with its formats extra: pip install '.[formats]' in its folder)",
+            f"({reason(exc)}); install it with: pip install {module} (or install ctpore with its formats extra: "
+            "pip install '.[formats]' in its folder)",
             path,
         ) from None
 

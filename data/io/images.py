@@ -150,7 +150,8 @@ class PngFolderReader(ImageFolderReader):
         if h * (_row_bytes(w, mode) + 1) > deflate_limit(size):
             raise truncated_error(self.path, f"slice file {f.name}", (h, w), _MODES[mode], h * _row_bytes(w, mode),
                                   f"its {size_text(size)} of deflate data can expand to at most "
-                                  f"{size_text(deflate_limit(size))} (deflate compresses at most {DEFLATE_MAX_RATIO}:1)")
+                                  f"{size_text(deflate_limit(size))} "
+                                  f"(deflate compresses at most {DEFLATE_MAX_RATIO}:1)")
 
 
 class BmpFolderReader(ImageFolderReader):

@@ -105,8 +105,8 @@ class _ZlibSlices:
         while len(out) < n:
             data = self.inflate.unconsumed_tail or self.file.read(1 << 20)
             if not data or self.inflate.eof:
-                raise InputError(f"is truncated: its compressed data ends before slice {self.next + len(out) // self.slice_bytes}"
-                                 " does", self.path)
+                last = self.next + len(out) // self.slice_bytes
+                raise InputError(f"is truncated: its compressed data ends before slice {last} does", self.path)
             out += self.inflate.decompress(data, n - len(out))
         return bytes(out)
 

@@ -99,7 +99,8 @@ def step_command(step: str, args: dict) -> list[str]:
                 "print(json.dumps({'path': a['path'], 'shape': a['shape']}))")
         return [py, "-c", code, json.dumps(args)]
     if step == "reconstruct":
-        cmd = [py, "-m", "ctpore.app.cli", "reconstruct", args["scan"], "-o", args["outdir"], "--device", args["device"],
+        cmd = [py, "-m", "ctpore.app.cli", "reconstruct", args["scan"], "-o", args["outdir"],
+               "--device", args["device"],
                "--memory-gb", str(args["memory_gb"]), "--overwrite"]
         if args.get("gpu_memory_gb") is not None:
             cmd += ["--gpu-memory-gb", str(args["gpu_memory_gb"])]

@@ -204,7 +204,8 @@ def bench_quality(
             if progress is not None:
                 progress(done, total, f"{m} on the real scan")
         real["volume"] = vol
-    return {"rows": rows, "summary": summary, "real": real, "training": runner.training, "n_sim": n_sim, "size": size, "seed_base": seed_base,
+    return {"rows": rows, "summary": summary, "real": real, "training": runner.training, "n_sim": n_sim, "size": size,
+            "seed_base": seed_base,
             "zoom_max": zoom_max, "leopard": _short(leopard) if leopard else None,
         "leopard_about": _about(leopard) if leopard else None, "torch": torch.__version__,
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}

@@ -30,7 +30,7 @@ def overlay_png(volume: np.ndarray, pores_by_method: dict, path: Path, slices=No
         row = []
         g = (v[s] * 255).astype(np.uint8)
         row.append(np.stack([g, g, g], -1))
-        for m, pores in pores_by_method.items():
+        for _m, pores in pores_by_method.items():
             rgb = np.stack([g, g, g], -1).astype(np.float32)
             mask = pores[s].astype(bool)
             rgb[mask] = 0.45 * rgb[mask] + 0.55 * np.array([255, 40, 40])

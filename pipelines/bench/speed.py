@@ -302,23 +302,27 @@ def gpu_section(g: dict) -> list[str]:
              f"CUDA {v.get('cuda', '?')}, flash-attn {flash.get('version') or 'not installed'}).", ""]
     sp, rc = g.get("speed"), g.get("reconstruct")
     if sp or rc:
-        lines += ["| run | scan | seconds | voxels / s | peak memory (GB) | backend that ran |", "|---|---|---:|---:|---:|---|"]
+        lines += ["| run | scan | seconds | voxels / s | peak memory (GB) | backend that ran |",
+                  "|---|---|---:|---:|---:|---|"]
         if sp:
             lines.append(f"| model alone (tile {sp['tile']}, {sp['chunk_slices']} slices a chunk, {sp['precision']}) | "
                          f"{' x '.join(map(str, sp['shape']))} | {sp['seconds']:.2f} | {sp['voxels_per_s']:.3g} | "
-                         f"GPU {sp.get('gpu_peak_gb', float('nan')):.2f} (estimate {sp['estimate_gb']:.2f}) | {sp['ran']} |")
+                         f"GPU {sp.get('gpu_peak_gb', float('nan')):.2f} (estimate {sp['estimate_gb']:.2f}) | "
+                         f"{sp['ran']} |")
         if rc:
             lines.append(f"| ctpore reconstruct, whole process (--memory-gb {rc['memory_gb']:g}) | "
                          f"{' x '.join(map(str, rc['shape']))} | {rc['seconds']:.2f} | {rc['voxels_per_s']:.3g} | "
                          f"host {rc.get('peak_rss_gb', float('nan')):.2f} | {rc['attention_backend']} |")
         lines.append("")
-    rows = [(f"attention kernel ({k.replace('_', ' ')}, bf16)", c.get("math_bf16_error"), c.get("sdpa", {}).get("error"),
-             c.get("flash", {}).get("error"), c.get("flash_minus_sdpa")) for k, c in g.get("kernels", {}).items()
+    rows = [(f"attention kernel ({k.replace('_', ' ')}, bf16)", c.get("math_bf16_error"),
+             c.get("sdpa", {}).get("error"), c.get("flash", {}).get("error"), c.get("flash_minus_sdpa"))
+            for k, c in g.get("kernels", {}).items()
             if isinstance(c, dict)]
     if "model" in g:
         m = g["model"]
         rows.append(("whole model (probabilities, bf16 autocast)", m["math"].get("max_abs_error_bf16"),
-                     m["sdpa"].get("max_abs_error_bf16"), m["flash"].get("max_abs_error_bf16"), m.get("flash_minus_sdpa")))
+                     m["sdpa"].get("max_abs_error_bf16"), m["flash"].get("max_abs_error_bf16"),
+                     m.get("flash_minus_sdpa")))
     if rows:
         lines += ["Largest error against the math path in fp32 (TF32 off); flash-attention's bound is twice the error "
                   "of plain PyTorch (math) in the same precision:", "",

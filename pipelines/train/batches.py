@@ -209,7 +209,7 @@ def make_batch(pool: Pool, cfg: TrainConfig, step: int, augmenter=None, skeleton
     ctx = int(cfg.data.context)
     share = float(getattr(cfg.data, "throat_crops", 0.0))
     xs, ys, ss = [], [], []
-    for b in range(cfg.batch_size):
+    for _b in range(cfg.batch_size):
         i = int(rng.integers(len(pool.scans)))
         scan, truth = pool.scans[i], pool.truths[i]
         z, y, x = scan.shape
