@@ -413,10 +413,14 @@ def bench_gpu(workdir, device, model_shape, reconstruct_shape, memory_gb, gpu_me
 @_option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
          help="Enlarge the features of half the simulated scans by up to this factor.")
 @_option("--simulated-only", is_flag=True, show_default=True, help="Leave out the Leopard case and the real scan.")
-def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, seed_base, zoom_max, simulated_only):
+@_option("--methods", default=None, show_default="plain-otsu,otsu,unet2d,unet3d,poreformer",
+         help="The methods to score, comma-separated (e.g. poreformer alone, to compare candidate weights).")
+def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, seed_base, zoom_max, simulated_only,
+                  methods):
     """PoreFormer beside Otsu, the Fiji pipeline and U-Nets: writes OUTDIR/benchmark.md and .json."""
     from ctpore.pipelines.bench import bench_quality as run
-    from ctpore.pipelines.bench import default_leopard, default_shared, write_report
+    from ctpore.pipelines.bench import METHODS, default_leopard, default_shared, write_report
+    from ctpore.pipelines.methods import get_method
 
     shared = default_shared()
     if leopard is None:
@@ -428,15 +432,18 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, 
     from ctpore.data.splits import BENCH_SEED_BASE
 
     with _Progress("bench") as bar:
+        chosen = METHODS if methods is None else tuple(get_method(m.strip()).name for m in methods.split(",")
+                                                          if m.strip())
         res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar,
                   weights=weights_dir, seed_base=BENCH_SEED_BASE if seed_base is None else seed_base,
-                  zoom_max=zoom_max)
+                  zoom_max=zoom_max, methods=chosen)
     write_report(res, outdir, command="ctpore bench quality" + (f" --n-sim {n_sim}" if n_sim != 8 else "")
                  + (f" --size {size}" if size != 64 else "")
                  + (f" --weights-dir {weights_dir}" if weights_dir is not None else "")
                  + (f" --seed-base {seed_base}" if seed_base is not None else "")
                  + (f" --zoom-max {zoom_max:g}" if zoom_max != 1.0 else "")
-                 + (" --simulated-only" if simulated_only else ""))
+                 + (" --simulated-only" if simulated_only else "")
+                 + (f" --methods {methods}" if methods is not None else ""))
     width = max(len(m) for m in res["summary"])
     click.echo(f"{'method':<{width}}  {'MSE':>8}  {'Dice':>6}  {'Euler err':>9}  {'φ err':>7}  {'s':>6}")
     for m, v in res["summary"].items():

@@ -21,7 +21,7 @@ import torch
 
 from ctpore.data.calibration import ReliabilityCounter
 from ctpore.data.io import load_scan, read_label
-from ctpore.data.metrics import comparison_metrics, euler_number, porosity
+from ctpore.data.metrics import betti_numbers, comparison_metrics, euler_number, porosity
 from ctpore.data.splits import BENCH_SEED_BASE, check_bench_seeds
 from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
 from ctpore.errors import InputError
@@ -66,7 +66,8 @@ def _training(path: Path) -> dict:
     cfg = json.loads(meta.get("train_config", "{}"))
     return {"steps": int(meta.get("steps", cfg.get("steps", 0))), "batch_size": cfg.get("batch_size"),
             "crop": cfg.get("data", {}).get("crop"), "train_seconds": float(meta.get("train_seconds", "nan")),
-            "threads": cfg.get("threads"), "min_size": int(meta.get("min_size", 0))}
+            "threads": cfg.get("threads"), "min_size": int(meta.get("min_size", 0)),
+            "confidence": None if meta.get("confidence") in (None, "", "None") else float(meta["confidence"])}
 
 
 class Runner:
@@ -175,7 +176,7 @@ def bench_quality(
     for name, scan, truth in cases:
         for m in methods:
             prob, pores, secs = runner.run(m, scan)
-            r = comparison_metrics(pores, truth, prob=prob)
+            r = comparison_metrics(pores, truth, prob=prob, betti=True)
             reliability[m].add(prob, truth)
             rows.append({"case": name, "method": m, "seconds": secs, **r})
             done += 1
@@ -185,7 +186,8 @@ def bench_quality(
     for m in methods:
         mr = [r for r in rows if r["method"] == m]
         summary[m] = {k: float(np.mean([r[k] for r in mr]))
-                      for k in ("mse", "dice", "euler_error_rel", "porosity_error", "seconds")}
+                      for k in ("mse", "dice", "euler_error_rel", "b0_error_rel", "b1_error_rel", "b2_error_rel",
+                                "porosity_error", "seconds")}
         summary[m]["params"] = runner.params[m]
         rel = reliability[m].summary()
         summary[m]["calibration_ece"], summary[m]["calibration_max_gap"] = rel["ece"], rel["max_gap"]
@@ -197,8 +199,9 @@ def bench_quality(
                 "methods": {}, "pores": {}}
         for m in methods:
             prob, pores, secs = runner.run(m, vol)
+            b0, b1, b2 = betti_numbers(pores)
             real["methods"][m] = {"porosity": porosity(pores), "euler_number": euler_number(pores),
-                                  "seconds": secs}
+                                  "n_pores": b0, "n_tunnels": b1, "n_cavities": b2, "seconds": secs}
             real["pores"][m] = pores
             done += 1
             if progress is not None:

@@ -44,6 +44,14 @@ def overlay_png(volume: np.ndarray, pores_by_method: dict, path: Path, slices=No
         im.save(tmp)
 
 
+def _lower(a, b) -> str:
+    """``"37% lower"`` (a against b), ``"12% higher"``, or ``"?"`` when either is missing or b is 0."""
+    if a is None or b is None or not b:
+        return "?"
+    d = 100 * (1 - a / b)
+    return f"{abs(d):.0f}% {'lower' if d >= 0 else 'higher'}"
+
+
 def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) -> dict:
     """Write ``benchmark.md``, ``benchmark.json`` and (with a real scan) ``real_scan.png``."""
     outdir = Path(outdir)
@@ -64,31 +72,40 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
            + ") scanned by ctpore's CT simulator." if result["leopard"] else "."),
         "MSE is computed from each method's probability map (0/1 for the thresholding methods; for the learned",
         "models calibrated on validation-range scans, as `ctpore reconstruct` writes it); the relative Euler",
-        "error is |χ − χ_true| / max(|χ_true|, 1) with 26-connected pores. Means over cases; lower is better",
+        "error is |χ − χ_true| / max(|χ_true|, 1) with 26-connected pores, and the relative b0 and b1 errors the",
+        "same for the Betti numbers: b0 the pores (components), b1 the tunnels (independent loops). An Euler error",
+        "can cancel (pores lost against tunnels lost); the Betti errors cannot. Means over cases; lower is better",
         "except Dice.",
         "",
-        "| method | MSE | Dice | rel. Euler error | porosity error | seconds | parameters |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| method | MSE | Dice | rel. Euler error | rel. b0 error | rel. b1 error | porosity error | seconds "
+        "| parameters |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m, v in s.items():
         lines.append(f"| {LABELS[m]} | {v['mse']:.4f} | {v['dice']:.3f} | {v['euler_error_rel']:.3f} | "
+                     f"{v.get('b0_error_rel', float('nan')):.3f} | {v.get('b1_error_rel', float('nan')):.3f} | "
                      f"{v['porosity_error']:.4f} | {v['seconds']:.2f} | {v['params']:,} |")
-    if "poreformer" in s and "unet2d" in s:
-        pf, u2 = s["poreformer"], s["unet2d"]
-        de = 100 * (1 - pf["euler_error_rel"] / u2["euler_error_rel"]) if u2["euler_error_rel"] else float("nan")
-        dm = 100 * (1 - pf["mse"] / u2["mse"]) if u2["mse"] else float("nan")
-        word = lambda d: f"{abs(d):.0f}% {'lower' if d >= 0 else 'higher'}"  # noqa: E731
-        lines += ["", f"PoreFormer against the 2D U-Net: relative Euler error {word(de)}, MSE {word(dm)}."]
+    for other in ("unet2d", "unet3d"):
+        if "poreformer" in s and other in s:
+            pf, u = s["poreformer"], s[other]
+            lines += ["",
+                      f"PoreFormer against the {LABELS[other]}: " + ", ".join(
+                          f"{name} {_lower(pf.get(k), u.get(k))}" for name, k in
+                          (("relative Euler error", "euler_error_rel"), ("MSE", "mse"), ("b0 error", "b0_error_rel"),
+                           ("b1 error", "b1_error_rel"))) + "."]
     if result.get("training"):
         lines += ["", "## How the learned models were trained", "",
                   "From each weights file's metadata: all on the same simulated training volumes and crops; the",
-                  "speck size was chosen on validation-range scans at export.", "",
-                  "| method | training steps | batch | crop (Z, Y, X) | training seconds | threads | speck size |",
-                  "|---|---:|---:|---|---:|---:|---:|"]
+                  "post-processing (the confidence a pore component must reach to be kept, or a speck size) was",
+                  "chosen on validation-range scans at export.", "",
+                  "| method | training steps | batch | crop (Z, Y, X) | training seconds | threads | post-processing |",
+                  "|---|---:|---:|---|---:|---:|---|"]
         for m, v in result["training"].items():
             crop = " × ".join(str(c) for c in v["crop"]) if v.get("crop") else "?"
+            post = [f"confidence {v['confidence']:g}" if v.get("confidence") is not None else "",
+                    f"specks under {v['min_size']} voxels" if v.get("min_size", 0) > 1 else ""]
             lines.append(f"| {LABELS[m]} | {v['steps']} | {v['batch_size']} | {crop} | {v['train_seconds']:.0f} | "
-                         f"{v['threads']} | {v['min_size']} |")
+                         f"{v['threads']} | {', '.join(p for p in post if p) or 'threshold only'} |")
     if all("calibration_ece" in v for v in s.values()):
         lines += ["", "## Can the probabilities be trusted?", "",
                   "Over all cases' voxels, in ten equal bins of the predicted probability: the expected calibration",
@@ -97,20 +114,24 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
                   "| method | calibration error | largest gap |", "|---|---:|---:|"]
         for m, v in s.items():
             lines.append(f"| {LABELS[m]} | {v['calibration_ece']:.4f} | {v['calibration_max_gap']:.3f} |")
-    lines += ["", "## Per case", "", "| case | method | MSE | Dice | rel. Euler error | χ pred | χ true |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+    lines += ["", "## Per case", "",
+              "| case | method | MSE | Dice | rel. Euler error | χ pred | χ true | b0 pred / true | b1 pred / true "
+              "| b2 pred / true |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
+        betti = " | ".join(f"{r[f'b{k}_pred']} / {r[f'b{k}_truth']}" if f"b{k}_pred" in r else "?" for k in range(3))
         lines.append(f"| {r['case']} | {r['method']} | {r['mse']:.4f} | {r['dice']:.3f} | "
-                     f"{r['euler_error_rel']:.3f} | {r['euler_number_pred']} | {r['euler_number_truth']} |")
+                     f"{r['euler_error_rel']:.3f} | {r['euler_number_pred']} | {r['euler_number_truth']} | {betti} |")
     real = result.get("real")
     if real:
         overlay_png(real["volume"], real["pores"], outdir / "real_scan.png")
         lines += ["", "## A real scan (no label)", "",
                   f"`{real['path']}` ({' × '.join(str(n) for n in real['shape'])}, {real['dtype']})"
                   + (f": {real['about']}." if real.get("about") else "."),
-                  "", "| method | porosity | Euler number | seconds |", "|---|---:|---:|---:|"]
+                  "", "| method | porosity | Euler number | pores (b0) | tunnels (b1) | cavities (b2) | seconds |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for m, v in real["methods"].items():
-            lines.append(f"| {LABELS[m]} | {v['porosity']:.4f} | {v['euler_number']} | {v['seconds']:.2f} |")
+            lines.append(f"| {LABELS[m]} | {v['porosity']:.4f} | {v['euler_number']} | {v.get('n_pores', '?')} | "
+                         f"{v.get('n_tunnels', '?')} | {v.get('n_cavities', '?')} | {v['seconds']:.2f} |")
         lines += ["", "![slices with pores in red, one column per method](real_scan.png)", "",
                   "Columns: the scan, then " + ", ".join(LABELS[m] for m in real["methods"]) + "; rows: slices at "
                   "1/4, 1/2 and 3/4 of the stack."]
