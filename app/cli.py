@@ -117,8 +117,12 @@ def _method_help() -> str:
 @_option("--min-pore-voxels", default=None, type=click.IntRange(0), show_default="off",
          help="Also remove pore components smaller than this many voxels (a size rule of your own, on top of "
               "the method's post-processing; recorded in the metrics).")
+@_option("--sample", default="auto", show_default=True,
+         help="Which voxels are the sample: auto (find an empty or air outside connected to the slices' border, "
+              "as around a cylindrical core, and leave it out of every figure), all (every voxel), or a mask "
+              "file (1 = sample) of the scan's shape and affine.")
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
-                chunk_slices, tile, precision, attention_backend, min_pore_voxels):
+                chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample):
     """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
@@ -151,6 +155,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                     slice_axis=slice_axis, truth=truth, chunk_slices=chunk_slices, tile=tile, progress=bar,
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
                     min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
+                    sample=sample if sample in ("auto", "all") else Path(sample),
                 )
         except InputError as exc:
             _error(str(exc))
@@ -189,8 +194,10 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
 @_option("--verbose", is_flag=True, show_default=True,
          help="Dask's own logs at INFO, all of them (default: WARNING and up, less the scheduler's error for a "
               "task whose worker died, which batch retries and reports as 'retried').")
+@_option("--sample", default="auto", show_default=True, type=click.Choice(["auto", "all"]),
+         help="As for reconstruct (a scan's own mask goes in the manifest's 'mask' column).")
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb,
-          gpu_memory_gb, verbose):
+          gpu_memory_gb, verbose, sample):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
@@ -209,7 +216,7 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
         res = run_batch(manifest, outdir, scheduler=scheduler, workers=workers, gpus_per_worker=gpus_per_worker,
                         retries=retries, part=part, on_record=say.record, on_start=say.start, on_retry=say.retry,
                         verbose=verbose, options={"method": method, "weights": weights, "memory_gb": memory_gb,
-                                                  "gpu_memory_gb": gpu_memory_gb})
+                                                  "gpu_memory_gb": gpu_memory_gb, "sample": sample})
     s = summarize(res["records"])
     line = f"{s['done']} done, {s['skipped']} already done, {s['failed']} failed"
     if "mean_dice" in s:

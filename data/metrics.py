@@ -122,6 +122,7 @@ class _Slab:
     pores: np.ndarray
     prob: Optional[np.ndarray]
     truth: Optional[np.ndarray]
+    sample: Optional[np.ndarray] = None
 
 
 class MetricsAccumulator:
@@ -165,6 +166,8 @@ class MetricsAccumulator:
         self.shape = tuple(int(s) for s in shape)
         self.spacing_mm = check_spacing(spacing_mm)
         self.n = int(np.prod(self.shape))
+        #: Voxels of the sample (all of them unless slabs come with a sample mask).
+        self.n_sample = 0
         groups = {"volume"} if volume else set()
         if truth:
             groups |= {"truth", "betti"} if betti else {"truth"}
@@ -177,11 +180,23 @@ class MetricsAccumulator:
         self._state: dict[str, dict] = {m.key: {} for m in self.metrics}
         self._z = 0
 
-    def add(self, pores: np.ndarray, prob: Optional[np.ndarray] = None, truth: Optional[np.ndarray] = None) -> None:
+    def add(self, pores: np.ndarray, prob: Optional[np.ndarray] = None, truth: Optional[np.ndarray] = None,
+            sample: Optional[np.ndarray] = None) -> None:
         """The next slab: pores (0/1), and the probability map and truth of the same slices when
-        the accumulator measures them (the MSE is of ``prob``, or of the pores without one)."""
+        the accumulator measures them (the MSE is of ``prob``, or of the pores without one).
+
+        ``sample`` (bool, True inside the sample; None: all of it): every figure is of the sample
+        only. The pores (and ``prob``) must be 0 outside it; the truth is taken as 0 there.
+        """
         p = as_volume(pores, "prediction")
         n = p.shape[0]
+        if sample is not None:
+            sample = np.asarray(sample, bool)
+            if np.any(p & ~sample):
+                raise ValueError("pores outside the sample")
+            self.n_sample += int(np.count_nonzero(sample))
+        else:
+            self.n_sample += int(p.size)
         self.pores.add(p)
         if self.truth_topology is not None:
             if truth is None:
@@ -190,16 +205,20 @@ class MetricsAccumulator:
             if t.shape != p.shape:
                 raise InputError(f"prediction and truth must have the same shape, got prediction {p.shape} "
                                  f"and truth {t.shape}")
+            if sample is not None:
+                t = t & sample
             self.truth_topology.add(t)
             self.sums["pred"] += int(np.count_nonzero(p))
             self.sums["truth"] += int(np.count_nonzero(t))
             self.sums["inter"] += int(np.count_nonzero(p & t))
             if prob is not None:
                 self.mse_of_probability = True
+                if sample is not None:
+                    prob = np.where(sample, prob, 0.0)  # outside: 0 against 0
                 self.sums["sq"] += _squared_error(prob, t)
             else:  # (0/1 - 0/1)^2 is 1 where they differ
                 self.sums["sq"] += float(np.count_nonzero(p != t))
-        slab = _Slab(self._z, self._z + n, p, prob, truth)
+        slab = _Slab(self._z, self._z + n, p, prob, truth, sample)
         for m in self.metrics:
             if m.add is not None:
                 m.add(self, slab, self._state[m.key])
@@ -261,22 +280,23 @@ def _rel(pred: float, truth: float) -> float:
 
 
 for _metric in (
-    Metric("porosity", lambda a: a.pores.n_pore_voxels / a.n),
+    Metric("porosity", lambda a: a.pores.n_pore_voxels / a.n_sample if a.n_sample else 0.0),
     Metric("euler_number", lambda a: a.pores.euler_number(26)),
     Metric("euler_number_6", lambda a: a.pores.euler_number(6)),
-    Metric("connectivity_density_per_mm3", lambda a: a.pores.connectivity_density(a.spacing_mm)),
+    Metric("connectivity_density_per_mm3", lambda a: a.pores.connectivity_density(a.spacing_mm, a.n_sample)),
     Metric("n_pores", lambda a: a.pores.n_components()),  # b0
     Metric("n_tunnels", lambda a: _betti(a.pores)[1]),  # b1
     Metric("n_cavities", lambda a: _betti(a.pores)[2]),  # b2
-    Metric("mse", lambda a: a.sums["sq"] / a.n, "truth"),
+    Metric("mse", lambda a: a.sums["sq"] / a.n_sample if a.n_sample else 0.0, "truth"),
     Metric("dice", _dice, "truth"),
     Metric("iou", _iou, "truth"),
-    Metric("porosity_error", lambda a: float(abs(a.sums["pred"] / a.n - a.sums["truth"] / a.n)), "truth"),
+    Metric("porosity_error", lambda a: float(abs(a.sums["pred"] / a.n_sample - a.sums["truth"] / a.n_sample)),
+           "truth"),
     Metric("euler_error_rel", lambda a: _rel(a.pores.euler_number(26), a.truth_topology.euler_number(26)), "truth"),
     Metric("euler_number_pred", lambda a: a.pores.euler_number(26), "truth"),
     Metric("euler_number_truth", lambda a: a.truth_topology.euler_number(26), "truth"),
-    Metric("porosity_pred", lambda a: a.sums["pred"] / a.n, "truth"),
-    Metric("porosity_truth", lambda a: a.sums["truth"] / a.n, "truth"),
+    Metric("porosity_pred", lambda a: a.sums["pred"] / a.n_sample, "truth"),
+    Metric("porosity_truth", lambda a: a.sums["truth"] / a.n_sample, "truth"),
     *(m for k in range(3) for m in (
         Metric(f"b{k}_pred", lambda a, k=k: _betti(a.pores)[k], "betti"),
         Metric(f"b{k}_truth", lambda a, k=k: _betti(a.truth_topology)[k], "betti"),

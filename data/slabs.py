@@ -240,11 +240,14 @@ class StreamingTopology:
         b2 = self._solid.n_enclosed()
         return b0, b0 + b2 - self.euler_number(26), b2
 
-    def connectivity_density(self, spacing_mm: Sequence[float] = (1.0, 1.0, 1.0)) -> float:
-        """BoneJ connectivity density per mm³, as :func:`connectivity_density`."""
+    def connectivity_density(self, spacing_mm: Sequence[float] = (1.0, 1.0, 1.0),
+                             n_voxels: int | None = None) -> float:
+        """BoneJ connectivity density per mm³, as :func:`connectivity_density`; per the volume of
+        ``n_voxels`` voxels when given (a sample smaller than the stack), else of the whole stack."""
         s = check_spacing(spacing_mm)
         if not self.n_pore_voxels:
             return 0.0
         sides = [np.concatenate([sl[i] for sl in self._sides]) for i in range(4)]
         corr = edge_correction_faces(self._first, self._prev, *sides)
-        return per_volume(1.0 - (self.euler_number(26) - corr), tuple(self.shape), s)
+        shape = tuple(self.shape) if n_voxels is None or n_voxels == int(np.prod(self.shape)) else (int(n_voxels),)
+        return per_volume(1.0 - (self.euler_number(26) - corr), shape, s)

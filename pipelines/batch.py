@@ -54,12 +54,14 @@ REPORT_NAME = "batch_report.jsonl"
 
 @dataclass(frozen=True)
 class ScanTask:
-    """One scan of a manifest: its path, optional label and slice axis, and its row (1-based)."""
+    """One scan of a manifest: its path, optional label, slice axis and sample mask, and its row
+    (1-based)."""
 
     scan: str
     label: Optional[str] = None
     slice_axis: Optional[int] = None
     row: int = 0
+    mask: Optional[str] = None
 
 
 def _resolve(base: Path, value: str) -> str:
@@ -69,8 +71,9 @@ def _resolve(base: Path, value: str) -> str:
 
 def read_manifest(path: str | os.PathLike) -> list[ScanTask]:
     """The scans of a manifest: a text file of paths (one a line; ``#`` comments) or a CSV file
-    with a ``scan`` column and optional ``label`` and ``slice_axis`` columns. Relative paths
-    are relative to the manifest's folder.
+    with a ``scan`` column and optional ``label``, ``slice_axis`` and ``mask`` (the sample mask,
+    1 = sample; without one the sample is found) columns. Relative paths are relative to the
+    manifest's folder.
 
     Raises
     ------
@@ -104,13 +107,13 @@ def read_manifest(path: str | os.PathLike) -> list[ScanTask]:
             axis = row.get("slice_axis") or None
             if axis is not None and axis not in ("0", "1", "2"):
                 raise InputError(f"row {i}: slice_axis must be 0, 1 or 2, got {axis!r}", path)
-            label = row.get("label") or None
+            label, mask = row.get("label") or None, row.get("mask") or None
             tasks.append(ScanTask(_resolve(base, row["scan"]), _resolve(base, label) if label else None,
-                                  None if axis is None else int(axis), i))
+                                  None if axis is None else int(axis), i, _resolve(base, mask) if mask else None))
     else:
         tasks = [ScanTask(_resolve(base, ln), row=i) for i, ln in enumerate(lines, start=1)]
     for t in tasks:
-        for p in (t.scan, t.label):
+        for p in (t.scan, t.label, t.mask):
             if p is not None and not Path(p).exists():
                 raise InputError(f"row {t.row}: {p} does not exist", path)
     return tasks
@@ -145,7 +148,8 @@ def _stem_collisions(tasks: list[ScanTask], manifest: Path) -> None:
 def _options_key(options: dict, weights_sha: Optional[str]) -> dict:
     """What a finished scan's metrics must record to count as done by these options."""
     return {"method": options.get("method"), "weights_sha256": weights_sha,
-            "precision": options.get("precision"), "device_type": str(options.get("device", "cpu")).split(":")[0]}
+            "precision": options.get("precision"), "device_type": str(options.get("device", "cpu")).split(":")[0],
+            "sample": options.get("sample", "auto")}
 
 
 def _is_done(task: ScanTask, outdir: Path, key: dict) -> Optional[dict]:
@@ -153,14 +157,17 @@ def _is_done(task: ScanTask, outdir: Path, key: dict) -> Optional[dict]:
     from ctpore.pipelines.outputs import output_paths
 
     paths = output_paths(task.scan, outdir)
-    if not all(p.exists() for p in paths.values()):
+    if not all(paths[k].exists() for k in ("pores", "prob", "metrics")):
         return None
     try:
         metrics = json.loads(paths["metrics"].read_text())
     except (OSError, ValueError):
         return None
+    if (metrics.get("sample") or {}).get("outside_voxels") and not paths["sample"].exists():
+        return None  # its sample mask is missing
     batch = metrics.get("batch", {})
-    if batch.get("options") != key or batch.get("label") != task.label or batch.get("slice_axis") != task.slice_axis:
+    if batch.get("options") != key or batch.get("label") != task.label or batch.get("slice_axis") != task.slice_axis \
+            or batch.get("mask") != task.mask:
         return None
     return metrics
 
@@ -177,10 +184,11 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
     with warnings.catch_warnings(record=True) as caught:  # they go back with the record, for the driver to show
         warnings.simplefilter("always")
         try:
+            opts = {**options, **({"sample": Path(task.mask)} if task.mask else {})}
             out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis, overwrite=True,
                                    annotate={"batch": {"options": key, "label": task.label,
-                                                       "slice_axis": task.slice_axis}},
-                                   **options)
+                                                       "slice_axis": task.slice_axis, "mask": task.mask}},
+                                   **opts)
             rec.update(status="done", metrics=out["result"])
         except InputError as exc:
             rec.update(status="failed", error=str(exc))

@@ -22,12 +22,14 @@ __all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "remove
 
 
 def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike]) -> dict:
-    """The three output files of a scan: ``{"pores", "prob", "metrics"}`` -> Path."""
+    """The output files of a scan: ``{"pores", "prob", "sample", "metrics"}`` -> Path (the sample
+    mask is written only when the scan has an outside; the metrics file last, always)."""
     stem = output_stem(scan_path)
     outdir = Path(outdir)
     return {
         "pores": outdir / f"{stem}_pores.nii.gz",
         "prob": outdir / f"{stem}_prob.nii.gz",
+        "sample": outdir / f"{stem}_sample.nii.gz",
         "metrics": outdir / f"{stem}_metrics.json",
     }
 

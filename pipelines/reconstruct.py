@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -42,6 +42,7 @@ from ctpore.pipelines.budget import plan_budget
 from ctpore.pipelines.methods import get_method, resolve_method
 from ctpore.pipelines.outputs import (check_outputs, finish_metrics, output_paths, output_set, remove_stale_temps,
                                       run_fields)
+from ctpore.pipelines.sample_mask import prepare_sample
 from ctpore.pipelines.spill import BlockSpill, windowed
 from ctpore.progress import ProgressFn
 
@@ -87,12 +88,15 @@ class Reconstruction:
         was given).
     geometry : Geometry
         Where the volume came from (to write outputs back in the input's voxel order).
+    sample : ndarray of uint8, shape (Z, Y, X), or None
+        1 in the sample, 0 outside it (None: the whole volume is sample).
     """
 
     probability: np.ndarray
     pores: np.ndarray
     metrics: dict
     geometry: Geometry
+    sample: Optional[np.ndarray] = None
 
 
 def build_predictor(method: str, weights: Optional[PathLike] = None, device: str = "cpu",
@@ -112,6 +116,7 @@ class _ArraySink:
     def __init__(self, shape):
         self.prob = np.empty(shape, np.float32)
         self.pores = np.empty(shape, np.uint8)
+        self.sample = None
 
     @contextmanager
     def raw(self, folder):
@@ -121,12 +126,16 @@ class _ArraySink:
         return raw[a:b].copy()
 
     @contextmanager
-    def open(self):
+    def open(self, with_sample: bool = False):
+        if with_sample:
+            self.sample = np.empty(self.pores.shape, np.uint8)
         yield self
 
-    def write(self, a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
+    def write(self, a: int, b: int, pores: np.ndarray, prob: np.ndarray, inside=None) -> None:
         self.pores[a:b] = pores
         self.prob[a:b] = prob
+        if inside is not None:
+            self.sample[a:b] = inside
 
 
 class _FileSink:
@@ -146,16 +155,20 @@ class _FileSink:
         return raw.read(a, b)
 
     @contextmanager
-    def open(self):
-        with SlabWriter(self.paths["pores"], self.geometry, np.uint8) as pores, \
-                SlabWriter(self.paths["prob"], self.geometry, np.float32) as prob:
-            self._writers = (pores, prob)
+    def open(self, with_sample: bool = False):
+        with ExitStack() as stack:
+            self._writers = [stack.enter_context(SlabWriter(self.paths[k], self.geometry, t)) for k, t in
+                             (("pores", np.uint8), ("prob", np.float32))]
+            if with_sample:
+                self._writers.append(stack.enter_context(SlabWriter(self.paths["sample"], self.geometry, np.uint8)))
             yield self
         self._writers = None
 
-    def write(self, a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
+    def write(self, a: int, b: int, pores: np.ndarray, prob: np.ndarray, inside=None) -> None:
         self._writers[0].write(pores)
         self._writers[1].write(prob)
+        if inside is not None:
+            self._writers[2].write(inside.view(np.uint8))
 
 
 # -- the truth, slab by slab -------------------------------------------------------------------
@@ -213,6 +226,8 @@ def run_reconstruction(
     precision: str = "auto",
     min_pore_voxels: Optional[int] = None,
     gpu_memory_gb: Optional[float] = None,
+    sample: Any = "auto",
+    source: str = "the scan",
     progress: ProgressFn = None,
 ) -> dict:
     """The pipeline every entry runs (see the module docstring); returns the metrics.
@@ -238,6 +253,11 @@ def run_reconstruction(
     gpu_memory_gb : float, optional
         On CUDA, the most GPU memory (GB) the tiles and chunks may take (default: the GPU's free
         memory less a margin); ``memory_gb`` then bounds the host.
+    sample : {"auto", "all"}, path or ndarray
+        Which voxels are the sample (:func:`~ctpore.pipelines.sample_mask.prepare_sample`): every
+        figure is of the sample only, and no pore lies outside it.
+    source : str
+        How warnings name the scan.
     """
     shape = tuple(int(s) for s in geometry.shape)
     slab, model_budget = plan_budget(shape, memory_gb, getattr(predictor, "device", None))
@@ -248,18 +268,22 @@ def run_reconstruction(
         chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
     post = predictor.post.with_user_rules(min_pore_voxels)
     info = dict(predictor.info)
-    lo, hi = robust_range(volume)
     folder = Path(folder) if folder is not None else Path(tempfile.gettempdir())
     truth_reader = _Truth(truth, geometry, slice_axis) if truth is not None else None
     acc = MetricsAccumulator(shape, geometry.spacing_mm, truth=truth_reader is not None)
     clipped = 0
+    smask = None
     try:
+        smask = prepare_sample(volume, geometry, sample, folder, source, progress)
+        outside = smask.outside
+        lo, hi = robust_range(volume, outside=outside)
         with sink.raw(folder) as raw:
             if has_contrast(lo, hi):
                 halo = getattr(predictor, "halo", None)
-                tiled = isinstance(volume, Scan) and halo is not None and tile is not None
-                source = windowed(volume, folder, shape, tile, halo, progress) if tiled else nullcontext(volume)
-                with source as src:
+                tiled = isinstance(volume, Scan) and halo is not None and tile is not None and outside is None
+                reading = (windowed(volume, folder, shape, tile, halo, progress) if tiled
+                           else smask.filled(volume, folder, progress))
+                with reading as src:
                     view = NormalizedVolume(src, lo, hi)
                     info.update(predictor.predict(view, raw, budget_bytes=model_budget, progress=progress,
                                                   chunk_slices=chunk_slices, tile=tile, precision=precision))
@@ -270,15 +294,24 @@ def run_reconstruction(
                     b = min(shape[0], a + slab)
                     raw[a:b, 0:shape[1], 0:shape[2]] = np.zeros((b - a, *shape[1:]), np.float32)
 
-            def on_slab(a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
-                sink.write(a, b, pores, prob)
-                acc.add(pores, prob, truth_reader.slab(a, b) if truth_reader is not None else None)
+            def read(a: int, b: int) -> np.ndarray:
+                prob = sink.read(raw, a, b)
+                if outside is not None:
+                    prob[np.asarray(outside[a:b])] = 0.0  # outside the sample: certainly not pore
+                return prob
 
-            with sink.open():
-                post.run(lambda a, b: sink.read(raw, a, b), shape, slab, on_slab, progress)
+            def on_slab(a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
+                inside = smask.inside(a, b)
+                sink.write(a, b, pores, prob, inside)
+                acc.add(pores, prob, truth_reader.slab(a, b) if truth_reader is not None else None, inside)
+
+            with sink.open(with_sample=outside is not None):
+                post.run(read, shape, slab, on_slab, progress)
     finally:
         if truth_reader is not None:
             truth_reader.close()
+        if smask is not None:
+            smask.close()
     metrics = acc.result()
     metrics.update(run_fields(shape, geometry, predictor.name, info))
     metrics["clipped_voxels"] = clipped
@@ -286,6 +319,8 @@ def run_reconstruction(
         # the thresholding methods have no probability: their MSE is of the 0/1 pores (1 - accuracy)
         metrics["mse_of"] = "binary pores" if post.binary else "probability"
     metrics["postprocessing"] = post.describe()
+    metrics["sample_voxels"] = acc.n_sample
+    metrics["sample"] = smask.info
     return metrics
 
 
@@ -332,6 +367,7 @@ def reconstruct(
     min_pore_voxels: Optional[int] = None,
     predictor: Any = None,
     gpu_memory_gb: Optional[float] = None,
+    sample: Any = "auto",
 ) -> Reconstruction:
     """Reconstruct the 3D pore phase of a scan, in memory.
 
@@ -374,6 +410,11 @@ def reconstruct(
     gpu_memory_gb : float, optional
         On CUDA, the most GPU memory (GB) the tiles and chunks may take. Default: the GPU's free
         memory less a margin.
+    sample : {"auto", "all"}, path or ndarray
+        Which voxels are the sample: ``auto`` (default) finds an outside connected to the slices'
+        border (a cylinder's empty or air-filled outside, a box's margin; a scan without one is all
+        sample); ``all``: every voxel; or a mask (1 = sample) of the scan's shape. Every figure is
+        of the sample only and no pore lies outside it; ``Reconstruction.sample`` holds the mask.
 
     Returns
     -------
@@ -390,12 +431,14 @@ def reconstruct(
         metrics = run_reconstruction(volume, geometry, predictor, sink, truth=truth, slice_axis=slice_axis,
                                      memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
                                      precision=precision, min_pore_voxels=min_pore_voxels,
-                                     gpu_memory_gb=gpu_memory_gb, progress=progress)
+                                     gpu_memory_gb=gpu_memory_gb, sample=sample, progress=progress,
+                                     source=str(scan) if isinstance(scan, (str, os.PathLike)) else "the scan")
     finally:
         if opened is not None:
             opened.close()
     _finish(metrics, geometry, str(scan) if isinstance(scan, (str, os.PathLike)) else "the scan", t0)
-    return Reconstruction(probability=sink.prob, pores=sink.pores, metrics=metrics, geometry=geometry)
+    return Reconstruction(probability=sink.prob, pores=sink.pores, metrics=metrics, geometry=geometry,
+                          sample=sink.sample)
 
 
 def reconstruct_file(
@@ -418,17 +461,22 @@ def reconstruct_file(
     annotate: Optional[dict] = None,
     predictor: Any = None,
     gpu_memory_gb: Optional[float] = None,
+    sample: Any = "auto",
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
     within ``memory_gb`` for the whole process, whatever the scan's size.
 
     ``annotate``: extra keys for the metrics file (``ctpore batch`` records its options there).
-    Other parameters as :func:`reconstruct`.
+    Other parameters as :func:`reconstruct`. When the scan has an outside (or ``sample`` is a
+    mask), the sample mask is written too (``<stem>_sample.nii.gz``, 1 = sample); an older sample
+    mask of the same stem that this run does not replace is removed, so the files of a stem are
+    always one run's.
 
     Returns
     -------
     dict
-        ``{"pores": Path, "prob": Path, "metrics": Path, "result": metrics dict}``.
+        ``{"pores": Path, "prob": Path, "metrics": Path, "sample": Path, "result": metrics dict}``
+        (``sample`` is written only when there is an outside).
     """
     t0 = time.perf_counter()
     paths = check_outputs(scan_path, outdir, overwrite)
@@ -442,7 +490,9 @@ def reconstruct_file(
                 scan, scan.geometry, predictor, _FileSink(paths, scan.geometry), folder=Path(paths["metrics"]).parent,
                 truth=truth, slice_axis=slice_axis, memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
                 precision=precision, min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
-                progress=progress)
+                sample=sample, source=str(scan_path), progress=progress)
+            if not metrics["sample"]["outside_voxels"] and Path(paths["sample"]).exists():
+                Path(paths["sample"]).unlink()  # an earlier run's mask: not this run's (--overwrite)
             _finish(metrics, scan.geometry, str(scan_path), t0)
             metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole

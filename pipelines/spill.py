@@ -74,9 +74,14 @@ class BlockSpill:
 
 
 class RawCopy:
-    """A scan copied to a nameless temporary float32 file (z-major), read back window by window."""
+    """A scan copied to a nameless temporary float32 file (z-major), read back window by window.
 
-    def __init__(self, scan: Scan, folder: Path, progress: ProgressFn):
+    ``transform(z0, z1, block)``, when given, changes each block of slices on the way (e.g. fills a
+    sample's outside); ``stage`` names the copy in progress reports.
+    """
+
+    def __init__(self, scan, folder: Path, progress: ProgressFn, transform=None,
+                 stage: str = "decompressing the scan"):
         self.shape = tuple(int(s) for s in scan.shape)
         nz, ny, nx = self.shape
         fd, name = tempfile.mkstemp(prefix=".ctpore-scan-", suffix=".f32", dir=folder)
@@ -84,10 +89,13 @@ class RawCopy:
         self._fd = fd
         step = max(1, (64 << 20) // (4 * ny * nx))
         for z0 in range(0, nz, step):
-            block = np.ascontiguousarray(scan.read_slices(z0, min(nz, z0 + step)), np.float32)
+            z1 = min(nz, z0 + step)
+            block = np.ascontiguousarray(scan[z0:z1], np.float32)
+            if transform is not None:
+                block = np.ascontiguousarray(transform(z0, z1, block), np.float32)
             os.pwrite(fd, block.tobytes(), z0 * ny * nx * 4)
             if progress is not None:
-                progress(min(nz, z0 + step), nz, "decompressing the scan")
+                progress(z1, nz, stage)
 
     def read_window(self, z0: int, z1: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         _nz, ny, nx = self.shape

@@ -54,6 +54,7 @@ def test_api_cli_and_batch_give_the_same_pores_for_every_slice_axis(tmp_path, ca
             np.testing.assert_array_equal(s.read(), scan)  # the same (Z, Y, X) volume each time
         rows.append(f"a{axis}.nii,{axis}")
     (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    first = None
     code, _, err = run_cli(["batch", tmp_path / "m.csv", "-o", tmp_path / "batch", "--memory-gb", BUDGET,
                             "--workers", "1", "--weights", weights], capsys)
     assert code == 0, err
@@ -71,7 +72,6 @@ def test_api_cli_and_batch_give_the_same_pores_for_every_slice_axis(tmp_path, ca
             assert back.shape == nib.load(path).shape  # written in the input's voxel order
         assert _gunzipped(tmp_path / "cli" / f"a{axis}_pores.nii.gz") == _gunzipped(
             tmp_path / "batch" / f"a{axis}_pores.nii.gz")
-        if axis:
-            np.testing.assert_array_equal(api.pores, first)  # and the same pores whatever the axis
-        else:
+        if first is None:
             first = api.pores
+        np.testing.assert_array_equal(api.pores, first)  # and the same pores whatever the axis

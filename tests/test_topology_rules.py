@@ -72,8 +72,14 @@ def test_the_evidence_rule_equals_a_whole_volume_reference_for_any_slab():
         conf = float(rng.uniform(0.55, 0.99))
         want = _hysteresis_reference(p, 0.5, conf)
         got = []
-        Postprocessing(confidence=conf).run(lambda a, b: p[a:b].copy(), shape, int(rng.integers(1, 6)),
-                                            lambda a, b, pores, prob: got.append(pores.copy()))
+
+        def read(a, b, p=p):
+            return p[a:b].copy()
+
+        def keep(a, b, pores, prob, got=got):
+            got.append(pores.copy())
+
+        Postprocessing(confidence=conf).run(read, shape, int(rng.integers(1, 6)), keep)
         np.testing.assert_array_equal(np.concatenate(got), want)
 
 

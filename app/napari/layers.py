@@ -28,7 +28,7 @@ ROLE = "ctpore_role"
 #: Roles of the layers the attention inspector adds (replaced at each new voxel).
 INSPECTOR_ROLES = ("entropy", "inspected voxel", "most attended")
 #: Roles of the layers ctpore adds that are results, not scans (never offered as a scan).
-OUTPUT_ROLES = ("probability", "pores", "truth", *INSPECTOR_ROLES)
+OUTPUT_ROLES = ("probability", "pores", "sample", "truth", *INSPECTOR_ROLES)
 #: Names of a ``(Z, Y, X)`` volume's axes, for ``viewer.dims.axis_labels``.
 AXIS_LABELS = ("z", "y", "x")
 
@@ -80,7 +80,8 @@ def reconstruct_layers(
     progress: Optional[Callable[[int, int, str], None]] = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> tuple[list[LayerData], dict]:
-    """Reconstruct a layer's volume; return the probability and pores layers and the metrics.
+    """Reconstruct a layer's volume; return the probability and pores layers (and the sample mask
+    when the scan has an outside) and the metrics.
 
     ``should_stop`` is asked after every chunk; when it says True, :class:`Cancelled` is raised
     and nothing is returned (no half-made layers).
@@ -100,13 +101,17 @@ def reconstruct_layers(
     if should_stop():
         raise Cancelled
     meta = {"ctpore_metrics": res.metrics, "ctpore_source": name}
-    return [
+    layers = [
         (res.probability, {"scale": spacing, "name": f"{name} pore probability", "colormap": "magma",
                            "contrast_limits": (0.0, 1.0), "visible": False,
                            "metadata": {**meta, ROLE: "probability"}}, "image"),
         (res.pores, {"scale": spacing, "name": f"{name} pores", "opacity": 0.6,
                      "metadata": {**meta, ROLE: "pores"}}, "labels"),
-    ], res.metrics
+    ]
+    if res.sample is not None:  # the scan had an outside: the sample every figure is of
+        layers.append((res.sample, {"scale": spacing, "name": f"{name} sample", "opacity": 0.25, "visible": False,
+                                    "metadata": {**meta, ROLE: "sample"}}, "labels"))
+    return layers, res.metrics
 
 
 def write_layer(path: Union[str, os.PathLike], data, meta: dict, kind: str) -> list[str]:

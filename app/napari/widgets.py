@@ -218,9 +218,13 @@ class ReconstructWidget(QWidget):
         cd, per = metrics.get("connectivity_density_per_mm3"), "mm³"
         if cd is None:  # the scan gave no length unit: per voxel
             cd, per = metrics.get("connectivity_density_per_voxel3", float("nan")), "voxel³"
+        outside = (metrics.get("sample") or {}).get("outside_voxels", 0)
+        of = f" (of the sample: {outside} voxels outside left out)" if outside else ""
         _show_text(self.status,
-            f"porosity {metrics['porosity']:.4f}\nEuler number {metrics['euler_number']}\n"
-            f"connectivity density {cd:.4g} per {per}\npores {metrics['n_pores']}\n"
+            f"porosity {metrics['porosity']:.4f}{of}\nEuler number {metrics['euler_number']}\n"
+            f"Betti numbers: pores {metrics['n_pores']}, tunnels {metrics.get('n_tunnels', '?')}, "
+            f"cavities {metrics.get('n_cavities', '?')}\n"
+            f"connectivity density {cd:.4g} per {per}\n"
             f"[{metrics['method']}, {metrics['seconds']:.1f} s, {metrics['attention_backend'] or '-'}]")
 
     def _finished(self):
