@@ -270,11 +270,18 @@ def info(scan, slice_axis, as_json):
     d = json.loads(json.dumps(d, default=str))
     if as_json:
         click.echo(json.dumps(d, indent=2))
-    else:
-        width = max(len(k) for k in d)
+    else:  # each line says the order its values are in
+        named = {k: f"{k} {_INFO_ORDER[k]}" if k in _INFO_ORDER else k for k in d}
+        width = max(len(n) for n in named.values())
         for k, v in d.items():
-            click.echo(f"{k:<{width}}  {v}")
+            click.echo(f"{named[k]:<{width}}  {v}")
     return EXIT_OK
+
+
+#: How ``ctpore info`` says which order the values of a line are in.
+_INFO_ORDER = {"shape": "(Z, Y, X: slices, rows, columns)", "file_shape": "(as the file stores it)",
+               "spacing_mm": "(z, y, x)", "orientation": "(of the file's axes i, j, k)",
+               "orientation_zyx": "(of Z, Y, X)"}
 
 
 @cli.command()

@@ -83,10 +83,12 @@ class Metric:
     compute : callable
         ``compute(acc) -> value`` (a plain Python number, list or None) from a
         :class:`MetricsAccumulator` that has seen every slab.
-    group : {"volume", "truth", "betti"}
+    group : {"volume", "truth", "betti", "pred", "pred_betti"}
         ``volume``: of the pores alone; ``truth``: needs a ground truth; ``betti``: needs a truth
         and the Betti numbers (reported by ``reconstruct`` and ``evaluate``; the cheaper
-        comparisons of the benchmark rows leave them out unless asked).
+        comparisons of the benchmark rows leave them out unless asked); ``pred`` and
+        ``pred_betti``: the prediction's own value beside the truth's, only where the volume
+        group (which holds it under its own key) is left out, so no key repeats another.
     add : callable, optional
         ``add(acc, slab, state)`` for each slab, in z order, for a metric that keeps state of its
         own (``state`` is a dict kept for this metric); ``slab`` has ``start``, ``stop``, ``pores``,
@@ -102,11 +104,13 @@ class Metric:
 #: Every metric, in the order of the keys in the metrics file.
 METRICS: list[Metric] = []
 
+_GROUPS = ("volume", "truth", "betti", "pred", "pred_betti")
+
 
 def register_metric(metric: Metric) -> Metric:
     """Add a metric to :data:`METRICS` (a key already there is replaced in place)."""
-    if metric.group not in ("volume", "truth", "betti"):
-        raise ValueError(f"metric group must be volume, truth or betti, got {metric.group!r}")
+    if metric.group not in _GROUPS:
+        raise ValueError(f"metric group must be one of {', '.join(_GROUPS)}, got {metric.group!r}")
     for i, m in enumerate(METRICS):
         if m.key == metric.key:
             METRICS[i] = metric
@@ -171,6 +175,8 @@ class MetricsAccumulator:
         groups = {"volume"} if volume else set()
         if truth:
             groups |= {"truth", "betti"} if betti else {"truth"}
+            if not volume:  # the prediction's own figures, which the volume group holds otherwise
+                groups |= {"pred", "pred_betti"} if betti else {"pred"}
         self.metrics = [m for m in METRICS if m.group in groups]
         components = volume or (truth and betti)
         self.pores = StreamingTopology(components=components)
@@ -293,12 +299,12 @@ for _metric in (
     Metric("porosity_error", lambda a: float(abs(a.sums["pred"] / a.n_sample - a.sums["truth"] / a.n_sample)),
            "truth"),
     Metric("euler_error_rel", lambda a: _rel(a.pores.euler_number(26), a.truth_topology.euler_number(26)), "truth"),
-    Metric("euler_number_pred", lambda a: a.pores.euler_number(26), "truth"),
+    Metric("euler_number_pred", lambda a: a.pores.euler_number(26), "pred"),
     Metric("euler_number_truth", lambda a: a.truth_topology.euler_number(26), "truth"),
-    Metric("porosity_pred", lambda a: a.sums["pred"] / a.n_sample, "truth"),
+    Metric("porosity_pred", lambda a: a.sums["pred"] / a.n_sample, "pred"),
     Metric("porosity_truth", lambda a: a.sums["truth"] / a.n_sample, "truth"),
     *(m for k in range(3) for m in (
-        Metric(f"b{k}_pred", lambda a, k=k: _betti(a.pores)[k], "betti"),
+        Metric(f"b{k}_pred", lambda a, k=k: _betti(a.pores)[k], "pred_betti"),
         Metric(f"b{k}_truth", lambda a, k=k: _betti(a.truth_topology)[k], "betti"),
         Metric(f"b{k}_error_rel", lambda a, k=k: _rel(_betti(a.pores)[k], _betti(a.truth_topology)[k]), "betti"),
     )),

@@ -86,8 +86,8 @@ def evaluate_files(
                 f"values must be probabilities in [0, 1], found [{prob.min():g}, {prob.max():g}]", path=prob_path
             )
     out = evaluate(pred, truth, prob=prob, spacing_mm=geometry.spacing_mm)
-    out["spacing_mm"] = [float(s) for s in geometry.spacing_mm]
-    out["shape"] = [int(s) for s in pred.shape]
+    out["spacing_mm_zyx"] = [float(s) for s in geometry.spacing_mm]
+    out["shape_zyx"] = [int(s) for s in pred.shape]
     from ctpore.pipelines.outputs import finish_metrics
 
     return finish_metrics(out, geometry, str(pred_path))  # units as reconstruct reports them

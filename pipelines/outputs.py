@@ -77,8 +77,8 @@ def make_outdir(outdir) -> list[Path]:
 def run_fields(shape, geometry, method: str, info: dict) -> dict:
     """The metrics keys that describe the run rather than the pores (see the metrics contract)."""
     return {
-        "shape": [int(s) for s in shape],
-        "spacing_mm": [float(s) for s in geometry.spacing_mm],
+        "shape_zyx": [int(s) for s in shape],
+        "spacing_mm_zyx": [float(s) for s in geometry.spacing_mm],
         "method": method,
         "model": info["model"],
         "device": info["device"],
@@ -91,7 +91,7 @@ def finish_metrics(metrics: dict, geometry, source: str = "the scan") -> dict:
 
     ``spacing_unit`` is the length unit the file's header gave (``mm``, ``micron``, ``meter``) or
     ``unknown``. With unknown units a length per voxel is not known, so the figures are per voxel:
-    ``spacing_mm`` is None, the connectivity density goes to ``connectivity_density_per_voxel3``
+    ``spacing_mm_zyx`` is None, the connectivity density goes to ``connectivity_density_per_voxel3``
     (``connectivity_density_per_mm3`` is None) and a warning says so. A negative connectivity
     density (more isolated pores and cavities than loops: the Euler number is positive) is
     reported as computed, with a warning that says what it means.
@@ -99,7 +99,7 @@ def finish_metrics(metrics: dict, geometry, source: str = "the scan") -> dict:
     Examples
     --------
     >>> from ctpore.data.io.geometry import geometry_from_array
-    >>> m = {"connectivity_density_per_mm3": 2.0, "spacing_mm": [0.5, 0.5, 0.5]}
+    >>> m = {"connectivity_density_per_mm3": 2.0, "spacing_mm_zyx": [0.5, 0.5, 0.5]}
     >>> finish_metrics(m, geometry_from_array((2, 2, 2), (0.5, 0.5, 0.5)))["spacing_unit"]
     'mm'
     """
@@ -110,9 +110,9 @@ def finish_metrics(metrics: dict, geometry, source: str = "the scan") -> dict:
         if cd is not None:  # per mm^3 with the header's numbers taken as mm -> per voxel^3
             metrics["connectivity_density_per_voxel3"] = float(cd) * math.prod(geometry.spacing_mm)
         metrics["connectivity_density_per_mm3"] = None
-        metrics["spacing_mm"] = None
+        metrics["spacing_mm_zyx"] = None
         warnings.warn(f"{source}: the file gives no length unit for its voxels, so the figures are per voxel "
-                      "(connectivity_density_per_voxel3; spacing_mm is null); set the units in the file "
+                      "(connectivity_density_per_voxel3; spacing_mm_zyx is null); set the units in the file "
                       "(NIfTI xyzt_units, TIFF resolution unit) for figures per mm^3", CtporeWarning, stacklevel=2)
     cd = metrics.get("connectivity_density_per_mm3")
     if cd is None:

@@ -134,7 +134,7 @@ def test_a_killed_run_resumes_and_does_every_scan_once(tmp_path):
         mine = [r for r in recs if Path(r["scan"]).name == f"g{i}.nii"]
         done = [r for r in mine if r["status"] == "done"]
         assert len(done) <= 1 and len(done) + sum(r["status"] == "skipped" for r in mine) >= 1, mine
-        assert json.loads((out / f"g{i}_metrics.json").read_text())["shape"] == [48, 96, 96]
+        assert json.loads((out / f"g{i}_metrics.json").read_text())["shape_zyx"] == [48, 96, 96]
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no partial files
 
 

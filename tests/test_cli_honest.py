@@ -72,8 +72,8 @@ def test_evaluate_without_prob_says_the_mse_is_of_the_binary_pores(pred_truth, c
     assert m["mse_of"] == "binary pores"
     assert m["mse"] == pytest.approx(1 - np.mean(pred == truth))  # MSE of 0/1 volumes = 1 - accuracy
     for key in ("porosity", "euler_number", "mse", "dice", "iou", "porosity_error", "euler_error_rel",
-                "spacing_mm", "shape"):
-        assert key in m, key  # the keys that were there stay
+                "spacing_mm_zyx", "shape_zyx"):
+        assert key in m, key  # the keys, their axis order in their names
     line = one_line(err)
     assert line.startswith("ctpore: warning: ") and "pred.nii.gz" in line
     assert "1 - voxel accuracy" in line and "--prob" in line

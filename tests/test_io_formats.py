@@ -215,9 +215,9 @@ def test_reconstruct_gives_the_pores_and_spacing_of_the_nifti(tmp_path, write):
     assert pores.header.get_zooms()[:3] == pytest.approx(spacing[::-1], rel=1e-6)
     metrics = json.loads(Path(ours["metrics"]).read_text())
     if units == "unknown":
-        assert metrics["spacing_mm"] is None
+        assert metrics["spacing_mm_zyx"] is None
     else:
-        assert metrics["spacing_mm"] == pytest.approx(list(spacing), rel=1e-6)
+        assert metrics["spacing_mm_zyx"] == pytest.approx(list(spacing), rel=1e-6)
         assert metrics["porosity"] == ref["result"]["porosity"]
 
 

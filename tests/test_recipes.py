@@ -68,16 +68,19 @@ def test_every_metric_streamed_equals_the_whole_volume(registries):
         pores = (ndi.gaussian_filter(rng.standard_normal(shape), 1.0) > rng.uniform(-0.4, 0.4)).astype(np.uint8)
         truth = (ndi.gaussian_filter(rng.standard_normal(shape), 1.0) > 0).astype(np.uint8)
         prob = rng.random(shape).astype(np.float32)
-        whole = M.MetricsAccumulator(shape, (0.5, 0.4, 0.3), truth=True)
-        whole.add(pores, prob, truth)
-        want = whole.result()
-        assert set(want) == {m.key for m in M.METRICS}
-        acc = M.MetricsAccumulator(shape, (0.5, 0.4, 0.3), truth=True)
-        z = 0
-        while z < shape[0]:
-            k = int(rng.integers(1, 4))
-            acc.add(pores[z:z + k], prob[z:z + k], truth[z:z + k])
-            z += k
-        got = acc.result()
-        for key, v in want.items():
-            assert got[key] == pytest.approx(v, rel=1e-12, abs=1e-12), key
+        keys = set()
+        for volume in (True, False):  # every group of keys: with the volume's, and the comparisons alone
+            whole = M.MetricsAccumulator(shape, (0.5, 0.4, 0.3), truth=True, volume=volume)
+            whole.add(pores, prob, truth)
+            want = whole.result()
+            keys |= set(want)
+            acc = M.MetricsAccumulator(shape, (0.5, 0.4, 0.3), truth=True, volume=volume)
+            z = 0
+            while z < shape[0]:
+                k = int(rng.integers(1, 4))
+                acc.add(pores[z:z + k], prob[z:z + k], truth[z:z + k])
+                z += k
+            got = acc.result()
+            for key, v in want.items():
+                assert got[key] == pytest.approx(v, rel=1e-12, abs=1e-12), key
+        assert keys == {m.key for m in M.METRICS}

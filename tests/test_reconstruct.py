@@ -96,7 +96,7 @@ def test_outputs_keep_geometry_and_voxel_order(tmp_path, capsys, slice_axis):
     assert agree > 0.9
     m = json.loads((tmp_path / "out" / "scan_metrics.json").read_text())
     axis = 2 if slice_axis is None else slice_axis
-    assert m["shape"][0] == data.shape[axis]
+    assert m["shape_zyx"][0] == data.shape[axis]
 
 
 def test_tiff_stack_and_folder_give_the_nifti_result(tmp_path, capsys):
@@ -122,9 +122,9 @@ def test_tiff_stack_and_folder_give_the_nifti_result(tmp_path, capsys):
         res[stem] = (pores, m)
     for stem in ("b", "c"):
         assert np.array_equal(res[stem][0], res["a"][0])
-        for k in ("porosity", "euler_number", "euler_number_6", "n_pores", "shape"):
+        for k in ("porosity", "euler_number", "euler_number_6", "n_pores", "shape_zyx"):
             assert res[stem][1][k] == res["a"][1][k]
-        np.testing.assert_allclose(res[stem][1]["spacing_mm"], res["a"][1]["spacing_mm"], rtol=1e-6)
+        np.testing.assert_allclose(res[stem][1]["spacing_mm_zyx"], res["a"][1]["spacing_mm_zyx"], rtol=1e-6)
         np.testing.assert_allclose(res[stem][1]["connectivity_density_per_mm3"],
                                    res["a"][1]["connectivity_density_per_mm3"], rtol=1e-5)
 
@@ -138,7 +138,7 @@ def test_real_scan_metrics_reproduce_from_written_files(tmp_path, capsys):
     prob = np.asarray(nib.load(str(tmp_path / "gray_prob.nii.gz")).dataobj)
     assert prob.min() >= 0 and prob.max() <= 1
     pores = np.asarray(pores_img.dataobj).transpose(2, 1, 0)
-    assert m["spacing_unit"] == "unknown" and m["spacing_mm"] is None  # the file gives no unit: per voxel
+    assert m["spacing_unit"] == "unknown" and m["spacing_mm_zyx"] is None  # the file gives no unit: per voxel
     ref = volume_metrics(pores, (1.0, 1.0, 1.0))
     ref["connectivity_density_per_voxel3"] = ref.pop("connectivity_density_per_mm3")
     for k, v in ref.items():
@@ -152,8 +152,8 @@ def test_real_scan_metrics_reproduce_from_written_files(tmp_path, capsys):
               "spacing_unit"):
         assert ev[k] == m[k], k
     assert ev["dice"] == 1.0
-    for key in ("porosity", "euler_number", "euler_number_6", "connectivity_density_per_mm3", "n_pores", "shape",
-                "spacing_mm", "spacing_unit", "method", "model", "device", "attention_backend", "seconds",
+    for key in ("porosity", "euler_number", "euler_number_6", "connectivity_density_per_mm3", "n_pores", "shape_zyx",
+                "spacing_mm_zyx", "spacing_unit", "method", "model", "device", "attention_backend", "seconds",
                 "ctpore_version"):
         assert key in m
 

@@ -106,7 +106,7 @@ def test_unknown_units_give_figures_per_voxel_and_a_warning(tmp_path, capsys):
     code, _, err = run_cli(["reconstruct", tmp_path / "um.nii", "-o", tmp_path / "o", "--method", "otsu"], capsys)
     assert code == 0 and "units" not in err, err
     m = json.loads((tmp_path / "o" / "um_metrics.json").read_text())
-    assert m["spacing_unit"] == "micron" and m["spacing_mm"] == [0.005, 0.005, 0.005]
+    assert m["spacing_unit"] == "micron" and m["spacing_mm_zyx"] == [0.005, 0.005, 0.005]
     pores = pores_of(tmp_path / "o", "um")
     ref = volume_metrics(pores, (0.005, 0.005, 0.005))["connectivity_density_per_mm3"]
     assert m["connectivity_density_per_mm3"] == pytest.approx(ref, rel=1e-9)
@@ -117,7 +117,7 @@ def test_unknown_units_give_figures_per_voxel_and_a_warning(tmp_path, capsys):
     lines = [line for line in err.splitlines() if "no length unit" in line]
     assert len(lines) == 1 and lines[0].startswith("ctpore: warning:") and "nounit.nii" in lines[0], err
     m = json.loads((tmp_path / "o" / "nounit_metrics.json").read_text())
-    assert m["spacing_unit"] == "unknown" and m["spacing_mm"] is None
+    assert m["spacing_unit"] == "unknown" and m["spacing_mm_zyx"] is None
     assert m["connectivity_density_per_mm3"] is None
     per_voxel = volume_metrics(pores_of(tmp_path / "o", "nounit"), (1.0, 1.0, 1.0))["connectivity_density_per_mm3"]
     assert m["connectivity_density_per_voxel3"] == pytest.approx(per_voxel, rel=1e-9)
