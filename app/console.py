@@ -14,8 +14,11 @@ import click
 
 from ctpore.errors import CtporeWarning, InputError
 
-__all__ = ["Progress", "error", "warn", "resource_error", "check_device", "show_warning", "Option", "option",
-           "SLICE_AXIS_HELP", "DEVICE_UNAVAILABLE", "MEMORY_ADVICE"]
+#: How --gpu-memory-gb's default reads in --help.
+GPU_MEMORY_DEFAULT = "the GPU's free memory less a margin"
+
+__all__ = ["GPU_MEMORY_DEFAULT", "Progress", "error", "warn", "resource_error", "check_device", "show_warning",
+           "Option", "option", "SLICE_AXIS_HELP", "DEVICE_UNAVAILABLE", "MEMORY_ADVICE"]
 
 
 class Progress:

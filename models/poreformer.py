@@ -49,42 +49,10 @@ from ctpore.errors import InputError
 from ctpore.models.attention import check_finite, resolve_backend
 from ctpore.models.blocks import Block, channels_last, conv3x3, gelu_, up2, z_features
 from ctpore.models.kv_cache import KVCache
+from ctpore.models.numerics import band_tokens, folded_head, no_autocast
 from ctpore.models.poreformer_config import PoreFormerConfig
 
 __all__ = ["PoreFormer", "PoreFormerConfig", "band_tokens", "no_autocast", "z_features"]
-
-#: Full-resolution tokens processed at a time in inference (a band of rows of the tile): bounds
-#: the working memory of the full-resolution part and keeps its tensors in the CPU's caches.
-_BAND_TOKENS = 1 << 17
-
-#: Rows of the fp32 head computed at a time when the tokens are in half precision (autocast):
-#: bounds the fp32 copy of the tokens the head reads.
-_HEAD_ROWS = 1 << 18
-
-
-def band_tokens(device: torch.device | str | None = None) -> int:
-    """Full-resolution tokens PoreFormer processes at a time in inference on ``device``.
-
-    On CPU a band fits the caches; a GPU wants large launches, so its band is 32 times larger.
-    :meth:`PoreFormer.inference_bytes` and the forward pass both take it from here.
-
-    Examples
-    --------
-    >>> band_tokens("cuda") // band_tokens("cpu")
-    32
-    """
-    kind = torch.device(device).type if device is not None else "cpu"
-    return _BAND_TOKENS * (32 if kind == "cuda" else 1)
-
-
-def no_autocast(device_type: str):
-    """A context in which autocast is off: what runs inside keeps its inputs' dtype (fp32).
-
-    PoreFormer runs its cheap, precision-sensitive parts (the stem, the z-position encoding and
-    the head) in fp32 this way when the rest runs under bf16/fp16 autocast.
-    """
-    return torch.autocast(device_type, enabled=False)
-
 
 class PoreFormer(nn.Module):
     """Causal inter-slice transformer on a per-slice 2D U-Net, giving a pore logit per voxel.
@@ -484,29 +452,10 @@ class PoreFormer(nn.Module):
                 last = self.blocks[-1]
                 a = last.attn(last.ln1(tok), pos_v=last.pos_term(zfeat), cache=caches[-1],
                               cache_rows=rows, n_rows=b * oy * ox, project_out=False)
-                lg = _folded_head(tok.view(-1, d), a.reshape(-1, d), *fold)
+                lg = folded_head(tok.view(-1, d), a.reshape(-1, d), *fold)
             logits[:, :, r0:r1] = lg.view(b, rb, ox, z).permute(0, 3, 1, 2)
         if band < oy:
             for c in caches:
                 if c is not None:
                     c.commit(z)
         return logits
-
-
-def _folded_head(tok: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor, w_a: torch.Tensor,
-                 bias: torch.Tensor) -> torch.Tensor:
-    """``tok @ w_t + a @ w_a + bias`` (``(N, 1)``) in the weights' dtype, autocast or not.
-
-    Tokens in the weights' dtype (fp32 inference) take one ``addmm`` and one in-place ``addmm_``;
-    half-precision tokens (autocast) are widened ``_HEAD_ROWS`` rows at a time, so the logits are
-    computed in fp32 without an fp32 copy of the whole band.
-    """
-    with no_autocast(tok.device.type):
-        if tok.dtype == w_t.dtype and a.dtype == w_a.dtype:
-            return torch.addmm(bias, tok, w_t).addmm_(a, w_a)
-        out = torch.empty((tok.shape[0], 1), dtype=w_t.dtype, device=tok.device)
-        for i in range(0, tok.shape[0], _HEAD_ROWS):
-            rows = slice(i, i + _HEAD_ROWS)
-            torch.addmm(bias, tok[rows].to(w_t.dtype), w_t, out=out[rows])
-            out[rows].addmm_(a[rows].to(w_a.dtype), w_a)
-        return out

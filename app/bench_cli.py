@@ -1,0 +1,150 @@
+"""``ctpore bench``: speed, quality and the GPU checks, registered on the ``ctpore`` group by
+:mod:`ctpore.app.cli`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ctpore.app.console import GPU_MEMORY_DEFAULT as _GPU_MEMORY_DEFAULT
+from ctpore.app.console import Progress as _Progress
+from ctpore.app.console import check_device as _check_device
+from ctpore.app.console import option as _option
+from ctpore.errors import InputError
+
+EXIT_OK, EXIT_PARTIAL = 0, 3
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: speed of the engine, quality against other methods."""
+
+
+@bench.command("speed")
+@_option("--shape", default="96x256x256", show_default=True, help="Scan shape Z x Y x X.")
+@_option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Timed runs per method.")
+@_option("--workdir", default=Path("runs/speed"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the generated scan and the outputs go.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where performance.md and performance.json are written.")
+def bench_speed(shape, repeats, workdir, outdir):
+    """ctpore reconstruct beside MONAI's 3D U-Net, the trained 3D U-Net and filtered Otsu: whole-process
+    voxels/s and peak memory on one generated scan; writes OUTDIR/performance.md and .json."""
+    from ctpore.pipelines.bench.speed import bench_speed as run
+    from ctpore.pipelines.bench.speed import write_performance
+
+    try:
+        dims = tuple(int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 8:
+        raise InputError(f"--shape must be Z x Y x X with every size >= 8, like 96x256x256; got {shape!r}")
+    with _Progress("speed") as bar:
+        res = run(shape=dims, repeats=repeats, workdir=workdir, progress=bar)
+    cmd = "ctpore bench speed" + (f" --shape {shape}" if shape != "96x256x256" else "") + (
+        f" --repeats {repeats}" if repeats != 3 else "")
+    path = write_performance(res, outdir, command=cmd)
+    for m, r in res["methods"].items():
+        click.echo(f"{m:<45} {r['voxels_per_s']:10.3g} voxels/s  {r['peak_rss_gb']:5.2f} GB")
+    click.echo(f"wrote {path}")
+    return EXIT_OK
+
+
+@bench.command("gpu")
+@_option("--workdir", default=Path("runs/gpu"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the generated scan and outputs go (the scan is removed after use).")
+@_option("--device", default="cuda", show_default=True, help="The CUDA device to check (cuda, cuda:1, ...).")
+@_option("--model-shape", default="256x1024x1024", show_default=True,
+         help="Z x Y x X of the model-alone timing (a random volume in memory).")
+@_option("--reconstruct-shape", default="128x512x512", show_default=True,
+         help="Z x Y x X of the generated scan the whole-process reconstruct is timed on.")
+@_option("--memory-gb", default=16.0, show_default=True, type=click.FloatRange(0.25),
+         help="Host memory budget of the timed reconstruct (GB).")
+@_option("--gpu-memory-gb", default=None, type=click.FloatRange(0.25), show_default=_GPU_MEMORY_DEFAULT,
+         help="GPU memory cap of the timed runs (GB).")
+@_option("--time-limit", default=300, show_default=True, type=click.IntRange(30),
+         help="Seconds for the whole run; each step also has its own timeout.")
+@_option("-o", "--out", default=Path("docs/gpu.json"), show_default=True, type=click.Path(path_type=Path),
+         help="The figures (JSON), rewritten after every step.")
+def bench_gpu(workdir, device, model_shape, reconstruct_shape, memory_gb, gpu_memory_gb, time_limit, out):
+    """GPU checks in one short run: flash vs sdpa vs math (kernel and model), the SDPA kernel that ran,
+    voxels/s and GPU peak memory. Each step runs in its own process with a timeout; one that fails is
+    recorded and the next runs. Exit code 3 when some step failed."""
+    from ctpore.app.console import parse_shape
+    from ctpore.pipelines.bench.gpu import bench_gpu as run
+
+    shapes = parse_shape(model_shape, "--model-shape"), parse_shape(reconstruct_shape, "--reconstruct-shape")
+    cmd = (f"ctpore bench gpu --device {device} --model-shape {model_shape} --reconstruct-shape {reconstruct_shape} "
+           f"--memory-gb {memory_gb:g} --time-limit {time_limit}"
+           + (f" --gpu-memory-gb {gpu_memory_gb:g}" if gpu_memory_gb is not None else ""))
+    with _Progress("gpu") as bar:
+        res = run(workdir, out, device=device, model_shape=shapes[0], reconstruct_shape=shapes[1], memory_gb=memory_gb,
+                  gpu_memory_gb=gpu_memory_gb, time_limit=time_limit, progress=bar, command=cmd)
+    for name, step in res["steps"].items():
+        why = next((e["error"] for e in res["errors"] if e["step"] == name), "")
+        click.echo(f"{name:<12} {'ok' if step['ok'] else 'FAILED':<6} {step['seconds']:7.1f} s  {why}".rstrip())
+    click.echo(f"wrote {out}")
+    return EXIT_PARTIAL if res["errors"] else EXIT_OK
+
+
+@bench.command("quality")
+@_option("--n-sim", default=8, show_default=True, type=click.IntRange(0), help="Held-out simulated scans.")
+@_option("--size", default=64, show_default=True, type=click.IntRange(16), help="Edge of the simulated scans.")
+@_option("--leopard", type=click.Path(path_type=Path), default=None,
+         show_default="tests/data/leopard_porespy/label.nii.gz in the repository, else leopard_porespy/label.nii.gz "
+                      "in $CTPORE_SHARED_DATA or ../shared/data beside the repository",
+         help="Real pore label to scan with the simulator.")
+@_option("--real-scan", type=click.Path(path_type=Path), default=None,
+         show_default="quantimpy_rock/gray.nii.gz in the same folder", help="Real unlabelled scan.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where benchmark.md and benchmark.json are written.")
+@_option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda, cuda:1, ...")
+@_option("--weights-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+         show_default="the shipped weights", help="Folder with poreformer/unet2d/unet3d.safetensors.")
+@_option("--seed-base", default=None, type=click.IntRange(0), show_default="the held-out benchmark range",
+         help="Simulate the cases from this seed instead (e.g. 2000100 for further unseen scans to "
+              "compare candidates on).")
+@_option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
+         help="Enlarge the features of half the simulated scans by up to this factor.")
+@_option("--simulated-only", is_flag=True, show_default=True, help="Leave out the Leopard case and the real scan.")
+@_option("--methods", default=None, show_default="plain-otsu,otsu,unet2d,unet3d,poreformer",
+         help="The methods to score, comma-separated (e.g. poreformer alone, to compare candidate weights).")
+def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, seed_base, zoom_max, simulated_only,
+                  methods):
+    """PoreFormer beside Otsu, the Fiji pipeline and U-Nets: writes OUTDIR/benchmark.md and .json."""
+    from ctpore.pipelines.bench import bench_quality as run
+    from ctpore.pipelines.bench import METHODS, default_leopard, default_shared, write_report
+    from ctpore.pipelines.methods import get_method
+
+    shared = default_shared()
+    if leopard is None:
+        leopard = default_leopard()
+    if real_scan is None and shared is not None and (shared / "quantimpy_rock" / "gray.nii.gz").exists():
+        real_scan = shared / "quantimpy_rock" / "gray.nii.gz"
+    if simulated_only:
+        leopard = real_scan = None
+    from ctpore.data.splits import BENCH_SEED_BASE
+
+    with _Progress("bench") as bar:
+        chosen = METHODS if methods is None else tuple(get_method(m.strip()).name for m in methods.split(",")
+                                                          if m.strip())
+        res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar,
+                  weights=weights_dir, seed_base=BENCH_SEED_BASE if seed_base is None else seed_base,
+                  zoom_max=zoom_max, methods=chosen)
+    write_report(res, outdir, command="ctpore bench quality" + (f" --n-sim {n_sim}" if n_sim != 8 else "")
+                 + (f" --size {size}" if size != 64 else "")
+                 + (f" --weights-dir {weights_dir}" if weights_dir is not None else "")
+                 + (f" --seed-base {seed_base}" if seed_base is not None else "")
+                 + (f" --zoom-max {zoom_max:g}" if zoom_max != 1.0 else "")
+                 + (" --simulated-only" if simulated_only else "")
+                 + (f" --methods {methods}" if methods is not None else ""))
+    width = max(len(m) for m in res["summary"])
+    click.echo(f"{'method':<{width}}  {'MSE':>8}  {'Dice':>6}  {'Euler err':>9}  {'φ err':>7}  {'s':>6}")
+    for m, v in res["summary"].items():
+        click.echo(f"{m:<{width}}  {v['mse']:8.4f}  {v['dice']:6.3f}  {v['euler_error_rel']:9.3f}  "
+                   f"{v['porosity_error']:7.4f}  {v['seconds']:6.2f}")
+    click.echo(f"wrote {outdir / 'benchmark.md'}")
+    return EXIT_OK
+
+
