@@ -194,20 +194,13 @@ class NormalizedVolume:
         Source of shape ``(Z, Y, X)``, sliceable along Z.
     lo, hi : float
         Intensity range mapped to [0, 1] (see :func:`intensity_range`).
-    outside : array_like of bool, optional
-        ``(Z, Y, X)``, True outside the sample (:mod:`ctpore.data.sample`): those voxels read as
-        ``fill`` (default ``hi``: the sample's bright end, solid to any method), so that a dark
-        outside is never taken for pore.
-    fill : float, optional
     """
 
-    def __init__(self, volume, lo: float, hi: float, outside=None, fill: float | None = None):
+    def __init__(self, volume, lo: float, hi: float):
         self.volume = volume
         self.lo = float(lo)
         self.hi = float(hi)
         self.shape = tuple(int(s) for s in volume.shape)
-        #: bool (Z, Y, X), True outside the sample: those voxels read as ``fill`` (raw grey value).
-        self.outside, self.fill = outside, (float(hi) if fill is None else float(fill))
         #: Whether any value read so far reached the clip bounds (then :meth:`clipped_voxels`
         #: counts them exactly, in one more pass; a scan without such values never pays for it).
         self.saw_clipping = False
@@ -230,18 +223,8 @@ class NormalizedVolume:
         """Slices ``z0:z1`` cropped to rows ``y0:y1`` and columns ``x0:x1``, normalized; reads only
         the window where the source can (``read_window``)."""
         if hasattr(self.volume, "read_window"):
-            raw = self.volume.read_window(z0, z1, y0, y1, x0, x1)
-        else:
-            raw = np.asarray(self.volume[z0:z1])[:, y0:y1, x0:x1]
-        return self._norm(self._filled(raw, (slice(z0, z1), slice(y0, y1), slice(x0, x1))))
-
-    def _filled(self, raw, key) -> np.ndarray:
-        """``raw`` with the outside's voxels at :attr:`fill`."""
-        if self.outside is None:
-            return raw
-        raw = np.array(raw, dtype=np.float32)
-        raw[np.asarray(self.outside[key])] = self.fill
-        return raw
+            return self._norm(self.volume.read_window(z0, z1, y0, y1, x0, x1))
+        return self._norm(np.asarray(self.volume[z0:z1])[:, y0:y1, x0:x1])
 
     def __getitem__(self, key) -> np.ndarray:
         if not isinstance(key, slice):
@@ -249,7 +232,7 @@ class NormalizedVolume:
         start, stop, step = key.indices(self.shape[0])
         if step != 1:
             raise TypeError("NormalizedVolume supports contiguous slices only (step 1)")
-        return self._norm(self._filled(self.volume[start:stop], slice(start, stop)))
+        return self._norm(self.volume[start:stop])
 
 
 def normalize_volume(volume: np.ndarray) -> np.ndarray:
