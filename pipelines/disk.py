@@ -160,8 +160,8 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
         needs.append(Need("uncompressed copy of the scan", 4 * voxels, tmp, "predict"))
     if spool:
         needs.append(Need("output slabs", sum(volumes.values()) * voxels, tmp, "post"))
-    outputs = sum(gzip_bound(b * voxels) for b in volumes.values()) + SLACK_BYTES
-    needs.append(Need("outputs", outputs, outdir, "post"))
+    needs += [Need(f"{k} output", gzip_bound(b * voxels), outdir, "post") for k, b in volumes.items()]
+    needs.append(Need("metrics and headers", SLACK_BYTES, outdir, "post"))
     return needs
 
 

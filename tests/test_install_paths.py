@@ -36,6 +36,16 @@ def test_batch_without_the_cluster_extra_says_the_pip_command(manifest, tmp_path
     assert not (tmp_path / "out").exists()  # before any work
 
 
+def test_run_batch_without_distributed_says_the_pip_command(manifest, tmp_path, monkeypatch):
+    from ctpore.errors import InputError
+    from ctpore.pipelines.batch import run_batch
+
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(InputError, match=r"pip install '\.\[cluster\]'"):
+        run_batch(manifest, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_batch_command_without_distributed_installed(manifest, tmp_path):
     """The console entry in a fresh process, with a ``distributed`` that cannot be imported first on its path."""
     shadow = tmp_path / "shadow"
