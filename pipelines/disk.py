@@ -5,14 +5,17 @@ A run of ``reconstruct_file`` writes, beside its outputs (or in ``--tmp-dir``):
 - the raw probabilities (:class:`~ctpore.pipelines.spill.BlockSpill`): 4 bytes a voxel, from the
   prediction to the end of post-processing;
 - an uncompressed copy of a scan whose format cannot read windows, when the plane takes several
-  tiles (:func:`~ctpore.pipelines.spill.windowed`): 4 bytes a voxel, during the prediction only;
+  tiles (:func:`~ctpore.pipelines.spill.windowed`), or, when the scan has an outside, the copy with
+  the outside filled (:mod:`~ctpore.pipelines.sample_mask`): 4 bytes a voxel, during the prediction;
+- the outside's mask, when there is one: 1 byte a voxel, for the whole run;
 - the slabs :class:`~ctpore.data.io.write.SlabWriter` keeps until the end when the slices are not
   the file's last voxel axis: 1 byte a voxel for each uint8 output, 4 for the probabilities, during
   post-processing;
 
 and in the output folder the outputs themselves, gzipped NIfTI, bounded by their uncompressed
 size (:func:`gzip_bound`: deflate never grows data by more than a few bytes in 16 KiB), the
-probabilities 4 bytes a voxel and every other volume (the pores, uint8) 1 byte.
+probabilities 4 bytes a voxel and every other volume (the pores; the sample mask, written only
+when there is an outside) 1 byte.
 
 :class:`DiskGuard` checks, per file system, that the larger of the two phases (prediction:
 raw probabilities and copy; post-processing: raw probabilities, slabs and outputs) fits the free
@@ -33,8 +36,8 @@ from typing import Any, Optional, Union
 
 from ctpore.errors import InputError
 
-__all__ = ["DiskGuard", "Need", "run_needs", "peaks", "check_disk", "check_tmp_dir", "copy_made", "gzip_bound",
-           "human_bytes", "file_system", "DISK_FULL_ERRNOS"]
+__all__ = ["DiskGuard", "Need", "run_needs", "peaks", "check_disk", "check_tmp_dir", "copy_made", "has_outside",
+           "gzip_bound", "human_bytes", "file_system", "DISK_FULL_ERRNOS"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -133,8 +136,21 @@ def copy_made(scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
     return len(plan_tiles(shape[1], shape[2], tile, halo)) > 1
 
 
+def has_outside(scan: Any, sample: Any = "auto") -> bool:
+    """Whether a run with ``sample`` (``auto``, ``all`` or a mask) works with an outside: a mask
+    always, ``auto`` when :func:`~ctpore.data.sample.find_outside` finds one (it reads at most 16
+    slices), ``all`` never."""
+    if sample is None or (isinstance(sample, str) and sample == "all"):
+        return False
+    if isinstance(sample, str) and sample == "auto":
+        from ctpore.data.sample import find_outside
+
+        return find_outside(scan) is not None
+    return True
+
+
 def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: bool = False,
-              spool: bool = False) -> list[Need]:
+              spool: bool = False, outside: bool = False) -> list[Need]:
     """What a run of a ``shape`` (Z, Y, X) scan writes, and where (see the module docstring).
 
     Parameters
@@ -147,6 +163,9 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
         The scan is copied uncompressed (:func:`copy_made`).
     spool : bool
         The output volumes are spooled before they are written (slice axis not the file's last).
+    outside : bool
+        The scan has an outside (:func:`has_outside`): its mask waits on disk, the scan is copied
+        with the outside filled, and the sample mask is an output.
     """
     voxels = 1
     for s in shape:
@@ -154,9 +173,12 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
     outdir = Path(paths["metrics"]).parent
     tmp = Path(tmp_dir) if tmp_dir is not None else outdir
     volumes = {k: OUTPUT_BYTES_PER_VOXEL.get(k, 1) for k, p in paths.items()
-               if str(p).lower().endswith((".nii.gz", ".nii"))}
+               if str(p).lower().endswith((".nii.gz", ".nii")) and (k != "sample" or outside)}
     needs = [Need("raw probabilities", 4 * voxels, tmp, "both")]
-    if copy:
+    if outside:
+        needs.append(Need("outside mask", voxels, tmp, "both"))
+        needs.append(Need("copy of the scan with its outside filled", 4 * voxels, tmp, "predict"))
+    elif copy:
         needs.append(Need("uncompressed copy of the scan", 4 * voxels, tmp, "predict"))
     if spool:
         needs.append(Need("output slabs", sum(volumes.values()) * voxels, tmp, "post"))
@@ -222,13 +244,14 @@ class DiskGuard:
         self.needs: list[Need] = []
 
     def check(self, scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
-              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None) -> list[Need]:
-        """Estimate what the run of ``predictor`` on ``scan`` writes and refuse (:func:`check_disk`)
-        when it does not fit; returns the estimate."""
+              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None, sample: Any = "auto") -> list[Need]:
+        """Estimate what the run of ``predictor`` on ``scan`` (with ``sample``) writes and refuse
+        (:func:`check_disk`) when it does not fit; returns the estimate."""
         from ctpore.data.io.write import spools
 
         copy = copy_made(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile)
-        self.needs = run_needs(scan.shape, self.paths, tmp_dir=self.tmp_dir, copy=copy, spool=spools(scan.geometry))
+        self.needs = run_needs(scan.shape, self.paths, tmp_dir=self.tmp_dir, copy=copy, spool=spools(scan.geometry),
+                               outside=has_outside(scan, sample))
         check_disk(self.needs)
         return self.needs
 

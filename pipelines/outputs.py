@@ -26,9 +26,10 @@ from typing import Iterator, Optional, Union
 
 from ctpore.data.io import output_stem
 from ctpore.errors import CtporeWarning, InputError
+from ctpore.pipelines.disk import DiskGuard
 
 __all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "remove_stale_temps", "run_fields",
-           "finish_metrics", "claim_outputs", "lock_path", "read_lock", "OutputsHeld", "LOCK_HEARTBEAT_S",
+           "finish_metrics", "claim_outputs", "claim_run", "lock_path", "read_lock", "OutputsHeld", "LOCK_HEARTBEAT_S",
            "LOCK_STALE_S"]
 
 #: A run renews (touches) its lock file this often, in seconds, while it holds it.
@@ -409,3 +410,16 @@ def _remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             pass
+
+
+@contextmanager
+def claim_run(paths: dict, overwrite: bool = False, tmp_dir=None) -> Iterator[DiskGuard]:
+    """What a run of ``reconstruct_file`` holds, from before any work to its end: its outputs
+    (:func:`claim_outputs`, ``fresh`` without ``overwrite``; then the temporaries a killed earlier
+    run of this stem left are removed, :func:`remove_stale_temps`) and its disk: the
+    :class:`~ctpore.pipelines.disk.DiskGuard` yielded, whose ``check`` the run calls once the scan
+    and the method are known, and which turns a disk that fills up anyway into an ``InputError``.
+    ``tmp_dir``: where the run's temporary files go (default: the output folder)."""
+    with claim_outputs(paths, fresh=not overwrite), DiskGuard(paths, tmp_dir) as disk:
+        remove_stale_temps(paths)
+        yield disk

@@ -41,8 +41,10 @@ from ctpore.pipelines.outputs import (LOCK_STALE_S, OutputsHeld, claim_outputs, 
 SHAPE = (24, 40, 36)  # (Z, Y, X)
 
 
-def write_scan(path: Path, data: np.ndarray) -> Path:
-    img = nib.Nifti1Image(np.ascontiguousarray(data.T), np.diag([0.02, 0.02, 0.05, 1.0]))  # (x, y, z), mm
+def write_scan(path: Path, data: np.ndarray, axis: int = 2) -> Path:
+    """``data`` (Z, Y, X) as NIfTI with its slices along file axis ``axis`` (2: (x, y, z); 0: (z, x, y)), mm."""
+    order, spacing = {2: ((2, 1, 0), [0.02, 0.02, 0.05]), 0: ((0, 2, 1), [0.05, 0.02, 0.02])}[axis]
+    img = nib.Nifti1Image(np.ascontiguousarray(data.transpose(order)), np.diag([*spacing, 1.0]))
     img.header.set_xyzt_units("mm")
     nib.save(img, path)
     return path
@@ -129,26 +131,52 @@ def test_tmp_dir_takes_the_temporaries_and_both_places_are_checked(tmp_path, sca
     assert code == 2 and "--tmp-dir must be an existing folder" in err
 
 
-@pytest.mark.parametrize("suffix, tile, axis", [(".nii.gz", 16, 2), (".nii", 16, 2), (".nii.gz", 64, 2),
-                                                (".nii.gz", 16, 0)])
-def test_the_estimate_names_the_temporaries_a_run_makes(tmp_path, tiny_weights, monkeypatch, suffix, tile, axis):
-    """The copy of a compressed scan and the spooled slabs are counted exactly when a run makes them."""
+def core(scan: np.ndarray) -> np.ndarray:
+    """``scan`` as a cylindrical core: every voxel outside a centred circle set to 0."""
+    _, ny, nx = scan.shape
+    yy, xx = np.ogrid[:ny, :nx]
+    out = scan.copy()
+    out[:, (yy - (ny - 1) / 2) ** 2 + (xx - (nx - 1) / 2) ** 2 > (0.42 * min(ny, nx)) ** 2] = 0
+    return out
+
+
+@pytest.mark.parametrize("suffix, tile, axis, outside", [(".nii.gz", 16, 2, False), (".nii", 16, 2, False),
+                                                         (".nii.gz", 64, 2, False), (".nii.gz", 16, 0, False),
+                                                         (".nii", 16, 2, True), (".nii.gz", 16, 0, True)])
+def test_the_estimate_names_the_temporaries_a_run_makes(tmp_path, tiny_weights, monkeypatch, suffix, tile, axis,
+                                                        outside):
+    """The copy of a scan, the outside's mask and the spooled slabs are counted exactly when a run makes
+    them, and the sample mask output exactly when it is written."""
     from ctpore.pipelines.reconstruct import reconstruct_file
 
     scan, _, _ = make_pair(3, shape=SHAPE)
-    path = write_scan(tmp_path / f"s{suffix}", scan)
+    path = write_scan(tmp_path / f"s{suffix}", core(scan) if outside else scan, axis)
+    with load_scan(path, slice_axis=axis) as s:
+        assert s.shape == SHAPE
     made, estimated = [], []
-    real_mkstemp, real_check = tempfile.mkstemp, disk_mod.check_disk
-    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: (made.append(k.get("prefix") or ""),
-                                                              real_mkstemp(*a, **k))[1])
+    real_mkstemp, real_tempfile, real_check = tempfile.mkstemp, tempfile.TemporaryFile, disk_mod.check_disk
+
+    def recorded(real):
+        def make(*a, **k):
+            made.append((k.get("prefix") or "", Path(k.get("dir") or "")))
+            return real(*a, **k)
+        return make
+
+    monkeypatch.setattr(tempfile, "mkstemp", recorded(real_mkstemp))
+    monkeypatch.setattr(tempfile, "TemporaryFile", recorded(real_tempfile))
     monkeypatch.setattr(disk_mod, "check_disk", lambda needs: (estimated.extend(needs), real_check(needs))[1])
-    reconstruct_file(path, tmp_path / "out", weights=tiny_weights, tile=tile, slice_axis=axis,
-                     tmp_dir=tmp_path)
-    kinds = {".ctpore-spill-": "raw probabilities", ".ctpore-scan-": "uncompressed copy of the scan",
+    out = reconstruct_file(path, tmp_path / "out", weights=tiny_weights, tile=tile, slice_axis=axis,
+                           tmp_dir=tmp_path)
+    assert bool(out["result"]["sample"]["outside_voxels"]) == outside
+    copy = "copy of the scan with its outside filled" if outside else "uncompressed copy of the scan"
+    kinds = {".ctpore-spill-": "raw probabilities", ".ctpore-scan-": copy, ".ctpore-sample-": "outside mask",
              ".ctpore-slabs-": "output slabs"}
     temporaries = [n for n in estimated if n.what in kinds.values()]
-    assert {kinds[p] for p in made if p.startswith(".ctpore-")} == {n.what for n in temporaries}, (made, estimated)
+    assert {kinds[p] for p, _ in made if p.startswith(".ctpore-")} == {n.what for n in temporaries}, (made, estimated)
+    assert all(d == tmp_path for p, d in made if p.startswith(".ctpore-"))  # all in --tmp-dir
     assert all(n.folder == tmp_path for n in temporaries)
+    written = {k for k in ("pores", "prob", "sample") if Path(out[k]).exists()}
+    assert {n.what for n in estimated if n.what.endswith(" output")} == {f"{k} output" for k in written}
 
 
 class RandomProbability:
@@ -395,7 +423,7 @@ def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, scan_file, capsys, 
     code, _, err = run_cli(["reconstruct", scan_file, "-o", out, "--method", "otsu"], capsys)
     assert code == 0, err
     assert "ctpore: warning:" in err and "took over a stale lock" in err, err
-    assert all(p.exists() for p in paths.values()) and not lock.exists()
+    assert all(paths[k].exists() for k in ("pores", "prob", "metrics")) and not lock.exists()
 
 
 def test_two_reconstructs_of_one_scan_one_works_the_other_exits_2_at_once(tmp_path, tiny_weights):
