@@ -516,7 +516,7 @@ def test_two_batch_drivers_on_one_manifest_do_every_scan_once(tmp_path, tiny_wei
         mine = [r for r in recs if Path(r["scan"]).name == f"{n}.nii"]
         assert sum(r["status"] == "done" for r in mine) == 1, mine  # written by exactly one run
         assert {r["status"] for r in mine} <= {"done", "skipped", "held"}, mine
-        assert json.loads((out / f"{n}_metrics.json").read_text())["shape"] == [48, 96, 96]
+        assert json.loads((out / f"{n}_metrics.json").read_text())["shape_zyx"] == [48, 96, 96]
     assert leftovers(out) == []
     done = [int(o.strip().splitlines()[-1].split(" done,")[0]) for o, _ in outs]  # each driver's last line
     assert sum(done) == len(names), outs
