@@ -364,7 +364,7 @@ def run_batch(
         weights_sha = sha256_file(wpath)
     options["method"] = method
     key = _options_key(options, weights_sha)
-    from ctpore.pipelines.outputs import check_outputs, make_outdir
+    from ctpore.pipelines.outputs import check_outputs, clear_stale_lock, make_outdir, output_paths
 
     check_outputs(manifest, outdir, overwrite=True)  # a writable place, before any work
     make_outdir(outdir)
@@ -386,6 +386,7 @@ def run_batch(
                 todo.append(t)
             else:
                 result["skipped"] += 1
+                clear_stale_lock(output_paths(t.scan, outdir))  # of a run killed as it ended
                 ended({"scan": t.scan, "status": "skipped", "reason": "outputs complete from an earlier run",
                        "metrics": metrics, "ended": _now()})
         if not todo:

@@ -29,8 +29,8 @@ from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.disk import DiskGuard
 
 __all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "remove_stale_temps", "run_fields",
-           "finish_metrics", "claim_outputs", "claim_run", "lock_path", "read_lock", "OutputsHeld", "LOCK_HEARTBEAT_S",
-           "LOCK_STALE_S"]
+           "finish_metrics", "claim_outputs", "claim_run", "clear_stale_lock", "lock_path", "read_lock",
+           "OutputsHeld", "LOCK_HEARTBEAT_S", "LOCK_STALE_S"]
 
 #: A run renews (touches) its lock file this often, in seconds, while it holds it.
 LOCK_HEARTBEAT_S = 60.0
@@ -233,17 +233,26 @@ def read_lock(lock: Union[str, os.PathLike]) -> tuple[Optional[dict], Optional[o
     return (rec, st) if isinstance(rec, dict) else (None, st)
 
 
-def _proc_start(pid: int) -> Optional[int]:
-    """When process ``pid`` started (clock ticks since boot, Linux), to tell a reused pid apart."""
+def _proc_stat(pid: int) -> Optional[tuple[str, int]]:
+    """``(state, start)`` of process ``pid`` (Linux ``/proc``): its state letter (``Z`` a zombie)
+    and when it started (clock ticks since boot, to tell a reused pid apart); None without /proc."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
 
+def _proc_start(pid: int) -> Optional[int]:
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
 def _alive(pid: int, proc_start: Optional[int]) -> bool:
-    """Whether process ``pid`` of this host still runs (and is the one that started at ``proc_start``)."""
+    """Whether process ``pid`` of this host still runs: it exists, is not a zombie (a killed run
+    whose parent died too waits as one until it is reaped), and is the one that started at
+    ``proc_start``."""
     if os.name == "nt":  # os.kill would end it there; without a safe probe, count it alive
         return True
     try:
@@ -252,8 +261,10 @@ def _alive(pid: int, proc_start: Optional[int]) -> bool:
         return False
     except OSError:  # it exists, owned by someone else
         pass
-    now = _proc_start(pid)
-    return proc_start is None or now is None or now == proc_start
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True
+    return stat[0] not in ("Z", "X") and (proc_start is None or stat[1] == proc_start)
 
 
 def _stale(rec: Optional[dict], st: os.stat_result) -> Optional[str]:
@@ -334,6 +345,16 @@ def _acquire(lock: Path) -> dict:
     held, _ = read_lock(lock)
     raise OutputsHeld(f"another ctpore run is writing these outputs ({_holder(held)}); its lock is {lock}",
                       lock.parent / lock.name[1:-5], held)
+
+
+def clear_stale_lock(paths: dict) -> bool:
+    """Remove the lock of these outputs when it is stale (a run killed just after its outputs were
+    whole); True when this removed one. ``ctpore batch`` calls it for the scans it skips as done."""
+    lock = lock_path(paths)
+    rec, st = read_lock(lock)
+    if st is None or _stale(rec, st) is None:
+        return False
+    return _break_stale(lock, rec, st)
 
 
 def _heartbeat(lock: Path, stop: threading.Event) -> None:

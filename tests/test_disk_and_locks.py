@@ -401,13 +401,27 @@ def test_a_run_held_by_another_is_refused_at_once_and_its_files_untouched(tmp_pa
     assert not any(p.exists() for p in paths.values())
 
 
-@pytest.mark.parametrize("case", ["dead", "reused pid", "old elsewhere", "unreadable"])
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()
+
+
+@pytest.mark.parametrize("case", ["dead", "zombie", "reused pid", "old elsewhere", "unreadable"])
 def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, scan_file, capsys, case):
     out = tmp_path / "out"
     paths = output_paths(scan_file, out)
     here = socket.gethostname()
+    zombie = None
     if case == "dead":
         lock = _lock(paths, pid=_dead_pid(), host=here)
+    elif case == "zombie":  # a killed run whose parent has not reaped it: it exists, but runs no more
+        if not Path("/proc/self/stat").exists():
+            pytest.skip("no /proc here")
+        zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+        deadline = time.time() + 60
+        while _stat(zombie.pid)[0] != "Z" and time.time() < deadline:
+            time.sleep(0.01)
+        lock = _lock(paths, pid=zombie.pid, host=here, proc_start=int(_stat(zombie.pid)[19]))
     elif case == "reused pid":  # a live process, but not the one that started at that time
         lock = _lock(paths, pid=os.getpid(), host=here, proc_start=1)
     elif case == "old elsewhere":
@@ -421,6 +435,8 @@ def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, scan_file, capsys, 
         old = time.time() - 3600
         os.utime(lock, (old, old))
     code, _, err = run_cli(["reconstruct", scan_file, "-o", out, "--method", "otsu"], capsys)
+    if zombie is not None:
+        zombie.wait()
     assert code == 0, err
     assert "ctpore: warning:" in err and "took over a stale lock" in err, err
     assert all(paths[k].exists() for k in ("pores", "prob", "metrics")) and not lock.exists()
@@ -479,6 +495,20 @@ def test_batch_reports_a_scan_another_run_holds_and_one_it_finished(tmp_path, sc
     again = run_task(task, str(out), {"method": "otsu"}, key)  # finished by another run since this one looked
     assert again["status"] == "skipped" and again["reason"] == "outputs complete from another run"
     assert leftovers(out) == []
+
+
+def test_batch_clears_the_stale_lock_of_a_scan_it_skips_as_done(tmp_path, scan_file, live_pid):
+    from ctpore.pipelines.batch import ScanTask, run_task
+    from ctpore.pipelines.outputs import clear_stale_lock
+
+    out = tmp_path / "out"
+    key = {"method": "otsu", "weights_sha256": None, "precision": None, "device_type": "cpu"}
+    assert run_task(ScanTask(str(scan_file)), str(out), {"method": "otsu"}, key)["status"] == "done"
+    paths = output_paths(scan_file, out)
+    lock = _lock(paths, pid=live_pid, host=socket.gethostname())  # a live run's lock stays
+    assert not clear_stale_lock(paths) and lock.exists()
+    lock = _lock(paths, pid=_dead_pid(), host=socket.gethostname())  # killed as its outputs were whole
+    assert clear_stale_lock(paths) and not lock.exists()
 
 
 def test_batch_lines_and_summary_say_held(tmp_path):
