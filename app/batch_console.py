@@ -16,7 +16,7 @@ import click
 
 from ctpore.app.console import show_warning
 
-__all__ = ["BatchConsole", "scan_line"]
+__all__ = ["BatchConsole", "scan_line", "final_line"]
 
 
 def scan_line(rec: dict) -> str:
@@ -25,16 +25,32 @@ def scan_line(rec: dict) -> str:
     status = rec["status"]
     if status == "failed":
         return f"{name}  failed: {rec.get('error', '')}"
+    if status == "held":
+        h = rec.get("holder") or {}
+        who = f"pid {h.get('pid')} on {h.get('host')}, since {h.get('since')}" if h else "a run that is starting"
+        return f"{name}  held by another run ({who}): not done here"
     m = rec.get("metrics") or {}
     figures = (f"porosity {m.get('porosity', float('nan')):.4f}  Euler {m.get('euler_number', '-')}  "
                f"pores {m.get('n_pores', '-')}")
     if "dice" in m:
         figures += f"  Dice {m['dice']:.4f}  MSE {m['mse']:.5f}"
     if status == "skipped":
-        return f"{name}  skipped (outputs complete from an earlier run)  {figures}"
+        return f"{name}  skipped ({rec.get('reason', 'outputs complete from an earlier run')})  {figures}"
     attempts = rec.get("attempts", 1)
     tail = f"  [{rec.get('seconds', 0):.1f} s" + (f", attempt {attempts}" if attempts and attempts > 1 else "") + "]"
     return f"{name}  done  {figures}{tail}"
+
+
+def final_line(s: dict, outdir, summary_name: str) -> str:
+    """The last line of ``ctpore batch``: the counts of :func:`~ctpore.pipelines.batch.summarize` ``s``,
+    the means over the labelled scans, and where the report and the summary are."""
+    line = f"{s['done']} done, {s['skipped']} already done, {s['failed']} failed"
+    if s.get("held"):
+        line += f", {s['held']} held by another run"
+    if "mean_dice" in s:
+        line += (f"; with labels: mean MSE {s['mean_mse']:.5f}, Dice {s['mean_dice']:.4f}, "
+                 f"Euler error {s['mean_euler_error_rel']:.3f}")
+    return line + f"  (report: {Path(outdir) / 'batch_report.jsonl'}, one row per scan: {Path(outdir) / summary_name})"
 
 
 def _category(item: dict) -> type:

@@ -25,6 +25,7 @@ from ctpore.app.console import error as _error
 from ctpore.app.console import option as _option
 from ctpore.app.console import resource_error as _resource_error
 from ctpore.app.console import show_warning as _show_warning
+from ctpore.app.console import tmp_dir_option as _tmp_dir_option
 from ctpore.app.console import warn as _warn
 from ctpore.errors import InputError
 from ctpore.runtime import tune_allocator
@@ -123,8 +124,9 @@ def _method_help() -> str:
          help="Which voxels are the sample: auto (find an empty or air outside connected to the slices' border, "
               "as around a cylindrical core, and leave it out of every figure), all (every voxel), or a mask "
               "file (1 = sample) of the scan's shape and affine.")
+@_tmp_dir_option
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
-                chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample):
+                chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, tmp_dir):
     """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
@@ -132,7 +134,9 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
 
     Existing outputs are kept unless --overwrite is given: such a scan is refused with a message
     and the other scans go on. Every file is written whole or not at all (a temporary file, then
-    a rename), the metrics file last, so a metrics file means a complete set.
+    a rename), the metrics file last, so a metrics file means a complete set. A scan is refused
+    before any work when the disk cannot hold what its run writes (checked in OUTDIR and
+    --tmp-dir), or while another run writes the same outputs.
 
     Memory: the whole process is bounded by --memory-gb (default 1.5 GB): the scan is streamed
     from disk slab by slab, and a larger budget allows larger tiles and chunks. The U-Net
@@ -157,7 +161,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                     slice_axis=slice_axis, truth=truth, chunk_slices=chunk_slices, tile=tile, progress=bar,
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
                     min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
-                    sample=sample if sample in ("auto", "all") else Path(sample),
+                    sample=sample if sample in ("auto", "all") else Path(sample), tmp_dir=tmp_dir,
                 )
         except InputError as exc:
             _error(str(exc))
@@ -198,34 +202,33 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
               "task whose worker died, which batch retries and reports as 'retried').")
 @_option("--sample", default="auto", show_default=True, type=click.Choice(["auto", "all"]),
          help="As for reconstruct (a scan's own mask goes in the manifest's 'mask' column).")
+@_tmp_dir_option
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb,
-          gpu_memory_gb, verbose, sample):
+          gpu_memory_gb, verbose, sample, tmp_dir):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
     'label' and 'slice_axis' columns (relative paths are relative to the manifest). Prints the
     dashboard's address, then one line per scan as it ends. Writes OUTDIR/batch_report.jsonl (a
     line per scan as it ends, appended run after run) and OUTDIR/batch_summary.csv (one row per
-    scan: its latest attempt). Exit codes: 0 all done, 3 some scans failed (named in the report),
-    2 bad manifest or options.
+    scan: its latest attempt). A scan another run is writing (another driver) is left to it and
+    said as held. Exit codes: 0 all done (or held elsewhere), 3 some scans failed (named in the
+    report), 2 bad manifest or options, or no Dask (pip install '.[cluster]').
     """
-    from ctpore.app.batch_console import BatchConsole
-    from ctpore.pipelines.batch import read_manifest, run_batch, select_part, summarize
+    from ctpore.app.batch_console import BatchConsole, final_line
+    from ctpore.pipelines.batch import read_manifest, require_cluster, run_batch, select_part, summarize
     from ctpore.pipelines.batch_summary import SUMMARY_NAME
 
+    require_cluster()  # before anything: without Dask's scheduler nothing can run
     total = len(select_part(read_manifest(manifest), part))  # run_batch reads it again, checks and all
     with BatchConsole(total) as say:
         res = run_batch(manifest, outdir, scheduler=scheduler, workers=workers, gpus_per_worker=gpus_per_worker,
                         retries=retries, part=part, on_record=say.record, on_start=say.start, on_retry=say.retry,
                         verbose=verbose, options={"method": method, "weights": weights, "memory_gb": memory_gb,
-                                                  "gpu_memory_gb": gpu_memory_gb, "sample": sample})
+                                                  "gpu_memory_gb": gpu_memory_gb, "sample": sample,
+                                                  "tmp_dir": tmp_dir})
     s = summarize(res["records"])
-    line = f"{s['done']} done, {s['skipped']} already done, {s['failed']} failed"
-    if "mean_dice" in s:
-        line += (f"; with labels: mean MSE {s['mean_mse']:.5f}, Dice {s['mean_dice']:.4f}, "
-                 f"Euler error {s['mean_euler_error_rel']:.3f}")
-    click.echo(line + f"  (report: {Path(outdir) / 'batch_report.jsonl'}, one row per scan: "
-                      f"{Path(outdir) / SUMMARY_NAME})")
+    click.echo(final_line(s, outdir, SUMMARY_NAME))
     return EXIT_PARTIAL if s["failed"] else EXIT_OK
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import click
 
@@ -170,6 +171,14 @@ def option(*decls, **attrs):
     """``click.option`` with :class:`Option` (every ctpore option has help and shows its default)."""
     attrs.setdefault("cls", Option)
     return click.option(*decls, **attrs)
+
+
+def tmp_dir_option(f):
+    """``--tmp-dir`` (reconstruct, batch): where a run's temporary volumes go."""
+    return option("--tmp-dir", type=click.Path(path_type=Path), default=None, show_default="the output folder",
+                  help="Existing folder for a run's temporary files: the raw probabilities (4 bytes a voxel), an "
+                       "uncompressed copy of a compressed scan, the slabs of outputs in another axis order. The "
+                       "free space there and in the output folder is checked before any work.")(f)
 
 
 SLICE_AXIS_HELP = "The file's voxel axis that holds the slices (NIfTI: 0, 1 or 2; a TIFF stack's slices are its pages)."

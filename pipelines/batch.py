@@ -7,7 +7,10 @@ done, and writes ``OUTDIR/batch_report.jsonl``: one line per scan as it ends (sc
 metrics or error, seconds, worker, attempts, the warnings the scan raised, when it ended), and
 ``OUTDIR/batch_summary.csv``, one row per scan with its latest attempt
 (:mod:`ctpore.pipelines.batch_summary`). A scan with bad input fails alone, with its
-one-line error; the others go on. A scan whose worker died is tried again, up to ``retries``
+one-line error; the others go on. A scan whose outputs another run holds (another batch driver on
+the same manifest and folder, a ``ctpore reconstruct``: :func:`~ctpore.pipelines.outputs.claim_outputs`)
+is not done here and reported as ``held`` (by whom), not failed; a scan that another run finished
+meanwhile is ``skipped``, so two drivers do every scan once. A scan whose worker died is tried again, up to ``retries``
 times. A run killed part-way loses nothing finished (every output is written whole or not at
 all, the metrics last) and the next run picks up where it stopped.
 
@@ -47,9 +50,26 @@ from ctpore.pipelines.batch_logs import quiet_dask, warning_records
 from ctpore.pipelines.batch_summary import BatchSummary
 from ctpore.progress import ProgressFn
 
-__all__ = ["ScanTask", "read_manifest", "select_part", "run_batch", "run_task", "summarize", "REPORT_NAME"]
+__all__ = ["ScanTask", "read_manifest", "select_part", "run_batch", "run_task", "summarize", "require_cluster",
+           "REPORT_NAME", "STATUSES"]
 
 REPORT_NAME = "batch_report.jsonl"
+
+#: How a scan of a batch ends: done here, skipped (outputs complete from an earlier or another run),
+#: held (another run is writing its outputs), failed.
+STATUSES = ("done", "skipped", "held", "failed")
+
+
+def require_cluster() -> None:
+    """Refuse (:class:`InputError` with the pip command) when Dask's distributed scheduler, which
+    ``ctpore batch`` runs on (the ``cluster`` extra), is not installed."""
+    try:
+        import dask  # noqa: F401
+        import distributed  # noqa: F401
+    except ImportError as exc:
+        raise InputError(f"ctpore batch runs on Dask's distributed scheduler, which is not installed here ({exc}); "
+                         "install it with: pip install 'dask[distributed]>=2024.1' (or install ctpore with its "
+                         "cluster extra: pip install '.[cluster]' in its folder)") from None
 
 
 @dataclass(frozen=True)
@@ -174,9 +194,12 @@ def _is_done(task: ScanTask, outdir: Path, key: dict) -> Optional[dict]:
 
 def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
     """Reconstruct one scan (on a worker). Never raises for the scan's own problems: returns the
-    record of the report line (``status`` "done" with the metrics, or "failed" with the error)."""
+    record of the report line (``status`` "done" with the metrics, "skipped" when another run
+    finished it meanwhile, "held" with the ``holder`` when another run is writing it, or "failed"
+    with the error). The scan's outputs are claimed before they are checked again and written."""
     import socket
 
+    from ctpore.pipelines.outputs import OutputsHeld, claim_outputs, output_paths
     from ctpore.pipelines.reconstruct import reconstruct_file
 
     t0 = time.perf_counter()
@@ -185,11 +208,19 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
         warnings.simplefilter("always")
         try:
             opts = {**options, **({"sample": Path(task.mask)} if task.mask else {})}
-            out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis, overwrite=True,
-                                   annotate={"batch": {"options": key, "label": task.label,
-                                                       "slice_axis": task.slice_axis, "mask": task.mask}},
-                                   **opts)
-            rec.update(status="done", metrics=out["result"])
+            with claim_outputs(output_paths(task.scan, outdir)):  # reconstruct_file's claim is this one
+                done = _is_done(task, Path(outdir), key)  # by another driver since this one looked
+                if done is not None:
+                    rec.update(status="skipped", reason="outputs complete from another run", metrics=done)
+                else:
+                    out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis,
+                                           overwrite=True, annotate={"batch": {"options": key, "label": task.label,
+                                                                               "slice_axis": task.slice_axis,
+                                                                               "mask": task.mask}},
+                                           **opts)
+                    rec.update(status="done", metrics=out["result"])
+        except OutputsHeld as exc:
+            rec.update(status="held", reason=str(exc), holder=exc.holder)
         except InputError as exc:
             rec.update(status="failed", error=str(exc))
         except Exception as exc:  # an internal error: reported for this scan, the batch goes on
@@ -307,14 +338,18 @@ def run_batch(
     Returns
     -------
     dict
-        ``{"records": [...], "done", "failed", "skipped", "dashboard"}``.
+        ``{"records": [...], "done", "skipped", "held", "failed", "dashboard"}`` (counts of each status).
     """
     from ctpore.models.weights import sha256_file, weights_dir
     from ctpore.pipelines.methods import get_method, resolve_method
 
+    from ctpore.pipelines.disk import check_tmp_dir
+
+    require_cluster()
     manifest = Path(manifest)
     outdir = Path(outdir)
     options = dict(options or {})
+    check_tmp_dir(options.get("tmp_dir"))
     if workers < 1 or retries < 0 or gpus_per_worker < 1:
         raise InputError("--workers and --gpus-per-worker must be >= 1 and --retries >= 0")
     tasks = select_part(read_manifest(manifest), part)
@@ -329,7 +364,7 @@ def run_batch(
         weights_sha = sha256_file(wpath)
     options["method"] = method
     key = _options_key(options, weights_sha)
-    from ctpore.pipelines.outputs import check_outputs, make_outdir
+    from ctpore.pipelines.outputs import check_outputs, clear_stale_lock, make_outdir, output_paths
 
     check_outputs(manifest, outdir, overwrite=True)  # a writable place, before any work
     make_outdir(outdir)
@@ -342,7 +377,7 @@ def run_batch(
         if on_record is not None:
             on_record(rec)
 
-    result = {"records": report.records, "done": 0, "failed": 0, "skipped": 0, "dashboard": None}
+    result = {"records": report.records, **{k: 0 for k in STATUSES}, "dashboard": None}
     try:
         todo: list[ScanTask] = []
         for t in tasks:
@@ -351,6 +386,7 @@ def run_batch(
                 todo.append(t)
             else:
                 result["skipped"] += 1
+                clear_stale_lock(output_paths(t.scan, outdir))  # of a run killed as it ended
                 ended({"scan": t.scan, "status": "skipped", "reason": "outputs complete from an earlier run",
                        "metrics": metrics, "ended": _now()})
         if not todo:
@@ -406,7 +442,7 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
                 rec = {"scan": t.scan, "status": "failed", "error": f"worker lost {attempts[t.scan]} times ({why})",
                        "ended": _now()}
             rec["attempts"] = attempts[t.scan]
-            result["done" if rec["status"] == "done" else "failed"] += 1
+            result[rec["status"] if rec["status"] in STATUSES else "failed"] += 1
             n_end += 1
             ended(rec)
             if progress is not None:
@@ -419,7 +455,7 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
 
 def summarize(records: list[dict]) -> dict:
     """Counts per status and, over the scans with a label, the mean MSE, Dice and Euler error."""
-    out: dict[str, Any] = {s: sum(r["status"] == s for r in records) for s in ("done", "skipped", "failed")}
+    out: dict[str, Any] = {s: sum(r["status"] == s for r in records) for s in STATUSES}
     scored = [r["metrics"] for r in records if r.get("metrics") and "dice" in r["metrics"]]
     for k in ("mse", "dice", "euler_error_rel"):
         if scored:

@@ -5,7 +5,8 @@ to take the last line per scan. The summary does that once: it is rebuilt from t
 run starts, updated (rewritten whole, atomically) as each scan ends, and written again when the
 run ends. A ``skipped`` line (outputs complete from an earlier run) is no attempt: it replaces
 nothing but an earlier failure, and stands alone only when the report holds no attempt of that
-scan.
+scan; a ``held`` line (another run was writing the scan) replaces only a failure. Two drivers
+on one folder append to one report: each update reads it again, so the summary holds both.
 """
 
 from __future__ import annotations
@@ -28,25 +29,41 @@ COLUMNS = ("scan", "status", "attempts", "seconds", "porosity", "euler_number", 
 
 
 def _newer(old: dict | None, rec: dict) -> bool:
-    """Whether ``rec`` replaces ``old`` as the scan's latest attempt."""
-    return old is None or rec.get("status") != "skipped" or old.get("status") != "done"
+    """Whether ``rec`` replaces ``old`` as the scan's latest attempt (a ``held`` line, which another
+    run's attempt may follow or precede, replaces only a failure or another ``held``)."""
+    if old is None:
+        return True
+    if rec.get("status") == "held":
+        return old.get("status") in ("failed", "held")
+    return rec.get("status") != "skipped" or old.get("status") != "done"
 
 
-def latest_records(report: str | os.PathLike) -> dict[str, dict]:
-    """The latest attempt of each scan in a ``batch_report.jsonl`` (in the order the scans first
-    appear); lines that do not parse (a run killed while writing one) are passed over."""
-    out: dict[str, dict] = {}
+def _read_report(report: str | os.PathLike, out: dict[str, dict], offset: int = 0) -> int:
+    """Take the whole lines of ``report`` from byte ``offset`` into ``out`` (scan -> latest
+    attempt); return the offset after the last whole line. Lines that do not parse (a run killed
+    while writing one) are passed over."""
     try:
-        lines = Path(report).read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return out
-    for line in lines:
+        with open(report, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return offset
+    end = data.rfind(b"\n") + 1  # a line another driver is still writing waits for the next read
+    for line in data[:end].splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
         if isinstance(rec, dict) and "scan" in rec and _newer(out.get(rec["scan"]), rec):
             out[rec["scan"]] = rec
+    return offset + end
+
+
+def latest_records(report: str | os.PathLike) -> dict[str, dict]:
+    """The latest attempt of each scan in a ``batch_report.jsonl`` (in the order the scans first
+    appear); lines that do not parse (a run killed while writing one) are passed over."""
+    out: dict[str, dict] = {}
+    _read_report(report, out)
     return out
 
 
@@ -73,16 +90,21 @@ class BatchSummary:
 
     def __init__(self, outdir: str | os.PathLike, report: str | os.PathLike):
         self.path = Path(outdir) / SUMMARY_NAME
-        self.latest = latest_records(report)
+        self.report = Path(report)
+        self.latest: dict[str, dict] = {}
+        self._read = _read_report(report, self.latest)
 
     def update(self, rec: dict) -> None:
         """Take ``rec`` as its scan's latest attempt (see the module docstring) and rewrite the file."""
+        self._read = _read_report(self.report, self.latest, self._read)
         if _newer(self.latest.get(rec["scan"]), rec):
             self.latest[rec["scan"]] = rec
         self.write()
 
     def write(self) -> Path:
-        """Write the summary whole (a temporary file renamed over the old one)."""
+        """Write the summary whole (a temporary file renamed over the old one), with the lines added
+        to the report since it was last read (another driver's among them) taken in."""
+        self._read = _read_report(self.report, self.latest, self._read)
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()

@@ -40,8 +40,7 @@ from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, 
 from ctpore.errors import InputError
 from ctpore.pipelines.budget import plan_budget
 from ctpore.pipelines.methods import get_method, resolve_method
-from ctpore.pipelines.outputs import (check_outputs, finish_metrics, output_paths, output_set, remove_stale_temps,
-                                      run_fields)
+from ctpore.pipelines.outputs import check_outputs, claim_run, finish_metrics, output_paths, output_set, run_fields
 from ctpore.pipelines.sample_mask import prepare_sample
 from ctpore.pipelines.spill import BlockSpill, windowed
 from ctpore.progress import ProgressFn
@@ -144,10 +143,11 @@ class _FileSink:
 
     def __init__(self, paths: dict, geometry: Geometry):
         self.paths, self.geometry = paths, geometry
-        self._writers = None
+        self._writers, self._tmp = None, None  # _tmp: where the raw probabilities (and any spooled slabs) wait
 
     @contextmanager
     def raw(self, folder):
+        self._tmp = folder
         with BlockSpill(folder, self.geometry.shape) as spill:
             yield spill
 
@@ -156,11 +156,10 @@ class _FileSink:
 
     @contextmanager
     def open(self, with_sample: bool = False):
+        kinds = (("pores", np.uint8), ("prob", np.float32)) + ((("sample", np.uint8),) if with_sample else ())
         with ExitStack() as stack:
-            self._writers = [stack.enter_context(SlabWriter(self.paths[k], self.geometry, t)) for k, t in
-                             (("pores", np.uint8), ("prob", np.float32))]
-            if with_sample:
-                self._writers.append(stack.enter_context(SlabWriter(self.paths["sample"], self.geometry, np.uint8)))
+            self._writers = [stack.enter_context(SlabWriter(self.paths[k], self.geometry, t, spool_dir=self._tmp))
+                             for k, t in kinds]
             yield self
         self._writers = None
 
@@ -462,11 +461,13 @@ def reconstruct_file(
     predictor: Any = None,
     gpu_memory_gb: Optional[float] = None,
     sample: Any = "auto",
+    tmp_dir: Optional[PathLike] = None,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
     within ``memory_gb`` for the whole process, whatever the scan's size.
 
     ``annotate``: extra keys for the metrics file (``ctpore batch`` records its options there).
+    ``tmp_dir``: where the temporary files go (default: the output folder; :func:`~.outputs.claim_run`).
     Other parameters as :func:`reconstruct`. When the scan has an outside (or ``sample`` is a
     mask), the sample mask is written too (``<stem>_sample.nii.gz``, 1 = sample); an older sample
     mask of the same stem that this run does not replace is removed, so the files of a stem are
@@ -481,13 +482,13 @@ def reconstruct_file(
     t0 = time.perf_counter()
     paths = check_outputs(scan_path, outdir, overwrite)
     # a bad scan (or a lying header) is said at once, from its header, before the model's libraries load
-    with load_scan(scan_path, slice_axis=slice_axis) as scan:
+    with claim_run(paths, overwrite, tmp_dir) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
         if predictor is None:
             predictor = build_predictor(method, weights, device, attention_backend)
-        remove_stale_temps(paths)  # what a killed earlier run of this scan left half-written
+        disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile, sample=sample)
         with output_set(paths):
             metrics = run_reconstruction(
-                scan, scan.geometry, predictor, _FileSink(paths, scan.geometry), folder=Path(paths["metrics"]).parent,
+                scan, scan.geometry, predictor, _FileSink(paths, scan.geometry), folder=disk.folder,
                 truth=truth, slice_axis=slice_axis, memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
                 precision=precision, min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
                 sample=sample, source=str(scan_path), progress=progress)

@@ -15,6 +15,7 @@ import tifffile
 
 from ctpore.app.cli import main
 from ctpore.data.metrics import comparison_metrics, volume_metrics
+from ctpore.errors import InputError
 from ctpore.pipelines.bench.quality import default_leopard, default_shared
 from ctpore.pipelines.reconstruct import reconstruct
 from helpers import run_cli
@@ -255,11 +256,11 @@ def test_failed_write_leaves_no_partial_set(tmp_path, capsys, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(rec, "write_json_atomic", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(InputError, match="the disk filled up during the run"):  # the user's to fix: exit 2
         rec.reconstruct_file(tmp_path / "s.nii.gz", tmp_path / "out", "otsu")
     assert not (tmp_path / "out").exists()  # no partial set, and no empty folder either
     (tmp_path / "kept").mkdir()  # a folder that was there stays
-    with pytest.raises(OSError):
+    with pytest.raises(InputError, match="the disk filled up during the run"):
         rec.reconstruct_file(tmp_path / "s.nii.gz", tmp_path / "kept", "otsu")
     assert list((tmp_path / "kept").iterdir()) == []
 

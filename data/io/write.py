@@ -16,7 +16,7 @@ from ctpore.data.io.nifti import keeps_voxel_order, nifti_image
 from ctpore.data.io.tiff import write_tiff
 from ctpore.errors import InputError, NonFiniteError
 
-__all__ = ["save_volume", "SlabWriter"]
+__all__ = ["save_volume", "SlabWriter", "spools"]
 
 
 def _cast_exact(volume: np.ndarray, dtype: np.dtype, path: Path) -> np.ndarray:
@@ -123,6 +123,14 @@ def save_volume(
     return path
 
 
+def spools(geometry: Geometry) -> bool:
+    """Whether :class:`SlabWriter` keeps the slabs in a temporary file until the end (the slices
+    are not the file's last voxel axis): as many bytes a voxel as the output's dtype."""
+    # the file's axes in (Z, Y, X) order: the slices are its last axis unless the scan says otherwise
+    perm = tuple(geometry.permutation) if keeps_voxel_order(geometry) else (2, 1, 0)
+    return perm != (2, 1, 0)
+
+
 class SlabWriter:
     """Write a ``(Z, Y, X)`` volume to NIfTI slab by slab in z order, whole or not at all.
 
@@ -130,8 +138,9 @@ class SlabWriter:
     appends slices (``.nii.gz`` compressed on the fly). The data lands in the input's voxel
     order with its header, as :func:`save_volume` writes it. When the slices are not the file's
     last voxel axis (a NIfTI read with slice axis 0 or 1), the slabs first go to a nameless
-    temporary file beside the output, and the file is written from it in the file's own order when
-    the last slab is in, one plane at a time: memory stays one plane, for any slice axis. Use it as
+    temporary file beside the output (or in ``spool_dir``), and the file is written from it in the
+    file's own order when the last slab is in, one plane at a time: memory stays one plane, for any
+    slice axis (:func:`spools` says when). Use it as
     a context manager: on an error inside the block the partial file is removed.
 
     Examples
@@ -141,19 +150,18 @@ class SlabWriter:
     ...         w.write(pores_of(z0, z0 + 16))
     """
 
-    def __init__(self, path: str | Path, geometry: Geometry, dtype: Any, compresslevel: int = 1):
+    def __init__(self, path: str | Path, geometry: Geometry, dtype: Any, compresslevel: int = 1,
+                 spool_dir: str | Path | None = None):
         import gzip
 
         self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
         if not self.path.name.lower().endswith(NIFTI_SUFFIXES):
             raise InputError("a volume written slab by slab must be NIfTI (.nii or .nii.gz)", self.path)
-        # The file's axes in (Z, Y, X) order: the slices are its last axis unless the scan says otherwise.
-        perm = tuple(geometry.permutation) if keeps_voxel_order(geometry) else (2, 1, 0)
         self._spool = None
-        if perm != (2, 1, 0):  # z is not the file's slowest axis: keep the slabs until the end
+        if spools(geometry):  # z is not the file's slowest axis: keep the slabs until the end
             import tempfile
 
-            fd, name = tempfile.mkstemp(prefix=".ctpore-slabs-", suffix=".raw", dir=self.path.parent)
+            fd, name = tempfile.mkstemp(prefix=".ctpore-slabs-", suffix=".raw", dir=spool_dir or self.path.parent)
             os.unlink(name)  # nameless from the start: nothing is left behind
             self._spool = os.fdopen(fd, "w+b")
         # The header nibabel would write for the whole volume (a zero-strided stand-in for the data).
