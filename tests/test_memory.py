@@ -33,9 +33,13 @@ def test_default_peak_memory_is_bounded_and_flat_in_z(tmp_path):
     plane = make_test_scan(tmp_path / "plane.nii", (8, 1024, 1024))
     short = make_test_scan(tmp_path / "short.nii", (96, 256, 256))
     long_ = make_test_scan(tmp_path / "long.nii", (384, 256, 256))
-    p_plane, p_short, p_long = (peak(s, tmp_path / "out") for s in (plane, short, long_))
-    assert p_plane <= 1.5 * GB and p_short <= 1.5 * GB, (p_plane, p_short)
-    assert p_long <= 1.1 * p_short, (p_short, p_long)  # 4x the slices, the same memory
+    p_plane = peak(plane, tmp_path / "out")
+    # A process's peak varies by about 5% from run to run (the allocator's arenas, the threads'
+    # timing), so each length is run twice and the lower peak of each is compared.
+    shorts = [peak(short, tmp_path / "out") for _ in range(2)]
+    longs = [peak(long_, tmp_path / "out") for _ in range(2)]
+    assert p_plane <= 1.5 * GB and max(shorts) <= 1.5 * GB, (p_plane, shorts)
+    assert min(longs) <= 1.1 * min(shorts), (shorts, longs)  # 4x the slices, the same memory
 
 
 def test_a_budget_below_what_the_arrays_alone_need_is_kept(tmp_path):
