@@ -25,6 +25,7 @@ from ctpore.data.io.hdf5 import HDF5_SUFFIXES, Hdf5Reader
 from ctpore.data.io.images import BmpFolderReader, JpegFolderReader, PngFolderReader
 from ctpore.data.io.metaimage import METAIMAGE_SUFFIXES, MetaImageReader
 from ctpore.data.io.nifti import NiftiReader
+from ctpore.data.io.nrrd import NRRD_SUFFIXES, NrrdReader
 from ctpore.data.io.omezarr import ZARR_SUFFIXES, ZarrReader
 from ctpore.data.io.reader import Reader
 from ctpore.data.io.tiff import TiffFolderReader, TiffStackReader
@@ -82,6 +83,7 @@ READERS: list[Format] = [
            slices="an HDF5 dataset are along its first axis"),
     Format("metaimage", "MetaImage", METAIMAGE_SUFFIXES, MetaImageReader,
            slices="a MetaImage are along its last dimension (DimSize's third number)"),
+    Format("nrrd", "NRRD", NRRD_SUFFIXES, NrrdReader, slices="a NRRD are along its last axis (sizes' third number)"),
     Format("ome-zarr", "OME-Zarr", ZARR_SUFFIXES, ZarrReader,
            slices="an OME-Zarr image are along its first spatial axis (z)"),
     Format("png-folder", "PNG", (".png",), PngFolderReader, folder_of=True,
