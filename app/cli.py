@@ -25,6 +25,7 @@ from ctpore.app.console import error as _error
 from ctpore.app.console import option as _option
 from ctpore.app.console import resource_error as _resource_error
 from ctpore.app.console import show_warning as _show_warning
+from ctpore.app.console import output_format_option as _output_format_option
 from ctpore.app.console import tmp_dir_option as _tmp_dir_option
 from ctpore.app.console import warn as _warn
 from ctpore.errors import InputError
@@ -125,12 +126,14 @@ def _method_help() -> str:
               "as around a cylindrical core, and leave it out of every figure), all (every voxel), or a mask "
               "file (1 = sample) of the scan's shape and affine.")
 @_tmp_dir_option
+@_output_format_option
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
-                chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, tmp_dir):
+                chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, tmp_dir, output_format):
     """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
-    <stem>_metrics.json per scan.
+    <stem>_metrics.json per scan (with --output-format ome-zarr: <stem>_pores.ome.zarr and
+    <stem>_prob.ome.zarr, multiscale).
 
     Existing outputs are kept unless --overwrite is given: such a scan is refused with a message
     and the other scans go on. Every file is written whole or not at all (a temporary file, then
@@ -162,6 +165,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
                     min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
                     sample=sample if sample in ("auto", "all") else Path(sample), tmp_dir=tmp_dir,
+                    output_format=output_format,
                 )
         except InputError as exc:
             _error(str(exc))
@@ -203,8 +207,9 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
 @_option("--sample", default="auto", show_default=True, type=click.Choice(["auto", "all"]),
          help="As for reconstruct (a scan's own mask goes in the manifest's 'mask' column).")
 @_tmp_dir_option
+@_output_format_option
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb,
-          gpu_memory_gb, verbose, sample, tmp_dir):
+          gpu_memory_gb, verbose, sample, tmp_dir, output_format):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
@@ -226,7 +231,7 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
                         retries=retries, part=part, on_record=say.record, on_start=say.start, on_retry=say.retry,
                         verbose=verbose, options={"method": method, "weights": weights, "memory_gb": memory_gb,
                                                   "gpu_memory_gb": gpu_memory_gb, "sample": sample,
-                                                  "tmp_dir": tmp_dir})
+                                                  "tmp_dir": tmp_dir, "output_format": output_format})
     s = summarize(res["records"])
     click.echo(final_line(s, outdir, SUMMARY_NAME))
     return EXIT_PARTIAL if s["failed"] else EXIT_OK

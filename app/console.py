@@ -181,6 +181,14 @@ def tmp_dir_option(f):
                        "free space there and in the output folder is checked before any work.")(f)
 
 
+def output_format_option(f):
+    """``--output-format`` (reconstruct, batch): NIfTI files or OME-Zarr stores."""
+    return option("--output-format", type=click.Choice(["nifti", "ome-zarr"]), default="nifti", show_default=True,
+                  help="How the volumes are written: nifti (<stem>_pores.nii.gz, ...) or ome-zarr "
+                       "(<stem>_pores.ome.zarr, ...: multiscale stores that napari opens lazily, for scans above a "
+                       "few GB).")(f)
+
+
 SLICE_AXIS_HELP = "The file's voxel axis that holds the slices (NIfTI: 0, 1 or 2; a TIFF stack's slices are its pages)."
 
 

@@ -169,14 +169,15 @@ def _options_key(options: dict, weights_sha: Optional[str]) -> dict:
     """What a finished scan's metrics must record to count as done by these options."""
     return {"method": options.get("method"), "weights_sha256": weights_sha,
             "precision": options.get("precision"), "device_type": str(options.get("device", "cpu")).split(":")[0],
-            "sample": options.get("sample", "auto")}
+            "sample": options.get("sample", "auto"),
+            **({"output_format": fmt} if (fmt := options.get("output_format", "nifti")) != "nifti" else {})}
 
 
 def _is_done(task: ScanTask, outdir: Path, key: dict) -> Optional[dict]:
     """The metrics of a scan already reconstructed with the same weights and options, or None."""
     from ctpore.pipelines.outputs import output_paths
 
-    paths = output_paths(task.scan, outdir)
+    paths = output_paths(task.scan, outdir, key.get("output_format", "nifti"))
     if not all(paths[k].exists() for k in ("pores", "prob", "metrics")):
         return None
     try:
@@ -208,7 +209,8 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
         warnings.simplefilter("always")
         try:
             opts = {**options, **({"sample": Path(task.mask)} if task.mask else {})}
-            with claim_outputs(output_paths(task.scan, outdir)):  # reconstruct_file's claim is this one
+            paths = output_paths(task.scan, outdir, options.get("output_format", "nifti"))
+            with claim_outputs(paths):  # reconstruct_file's claim is this one
                 done = _is_done(task, Path(outdir), key)  # by another driver since this one looked
                 if done is not None:
                     rec.update(status="skipped", reason="outputs complete from another run", metrics=done)
@@ -386,7 +388,8 @@ def run_batch(
                 todo.append(t)
             else:
                 result["skipped"] += 1
-                clear_stale_lock(output_paths(t.scan, outdir))  # of a run killed as it ended
+                # of a run killed as it ended
+                clear_stale_lock(output_paths(t.scan, outdir, options.get("output_format", "nifti")))
                 ended({"scan": t.scan, "status": "skipped", "reason": "outputs complete from an earlier run",
                        "metrics": metrics, "ended": _now()})
         if not todo:

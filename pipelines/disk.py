@@ -156,7 +156,8 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
     Parameters
     ----------
     paths : dict
-        The outputs (``output_paths``): every ``.nii.gz``/``.nii`` value is a volume output.
+        The outputs (``output_paths``): every ``.nii.gz``/``.nii`` or ``.ome.zarr`` value is a
+        volume output.
     tmp_dir : path, optional
         Where the temporary volumes go (default: the output folder).
     copy : bool
@@ -174,6 +175,8 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
     tmp = Path(tmp_dir) if tmp_dir is not None else outdir
     volumes = {k: OUTPUT_BYTES_PER_VOXEL.get(k, 1) for k, p in paths.items()
                if str(p).lower().endswith((".nii.gz", ".nii")) and (k != "sample" or outside)}
+    stores = {k: OUTPUT_BYTES_PER_VOXEL.get(k, 1) for k, p in paths.items()
+              if str(p).lower().endswith(".ome.zarr") and (k != "sample" or outside)}
     needs = [Need("raw probabilities", 4 * voxels, tmp, "both")]
     if outside:
         needs.append(Need("outside mask", voxels, tmp, "both"))
@@ -183,6 +186,10 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
     if spool:
         needs.append(Need("output slabs", sum(volumes.values()) * voxels, tmp, "post"))
     needs += [Need(f"{k} output", gzip_bound(b * voxels), outdir, "post") for k, b in volumes.items()]
+    # OME-Zarr: the pyramid adds at most 1/7 to level 0; each chunk file (>= 64 K voxels) may
+    # take up to a 4 KiB block more than its bytes on disk, and compressed chunks do not grow.
+    needs += [Need(f"{k} output", (b * voxels * 8) // 7 * 17 // 16 + SLACK_BYTES, outdir, "post")
+              for k, b in stores.items()]
     needs.append(Need("metrics and headers", SLACK_BYTES, outdir, "post"))
     return needs
 

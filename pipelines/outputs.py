@@ -1,8 +1,10 @@
 """Where a reconstruction's outputs go, and what every metrics file says about the run.
 
 The outputs of a scan are ``<stem>_pores.nii.gz``, ``<stem>_prob.nii.gz`` and
-``<stem>_metrics.json`` (written last). They are checked before any work and the folder is made
-only when there is something to write, so a failed run leaves nothing behind.
+``<stem>_metrics.json`` (written last); with the ``ome-zarr`` output format the volumes are
+``<stem>_pores.ome.zarr`` and ``<stem>_prob.ome.zarr`` stores instead (:data:`OUTPUT_FORMATS`).
+They are checked before any work and the folder is made only when there is something to write,
+so a failed run leaves nothing behind.
 
 One writer per output: a run claims its stem (:func:`claim_outputs`) before any work, with a lock
 file ``.<stem>.lock`` created atomically (``O_EXCL``) in the output folder, and holds it until its
@@ -25,12 +27,13 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 from ctpore.data.io import output_stem
+from ctpore.data.io.omezarr_write import OME_ZARR_SUFFIX, remove_tree
 from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.disk import DiskGuard
 
-__all__ = ["output_paths", "check_outputs", "make_outdir", "output_set", "remove_stale_temps", "run_fields",
-           "finish_metrics", "claim_outputs", "claim_run", "clear_stale_lock", "lock_path", "read_lock",
-           "OutputsHeld", "LOCK_HEARTBEAT_S", "LOCK_STALE_S"]
+__all__ = ["OUTPUT_FORMATS", "output_paths", "other_format_outputs", "check_outputs", "make_outdir", "output_set",
+           "remove_stale_temps", "run_fields", "finish_metrics", "claim_outputs", "claim_run", "clear_stale_lock",
+           "lock_path", "read_lock", "OutputsHeld", "LOCK_HEARTBEAT_S", "LOCK_STALE_S"]
 
 #: A run renews (touches) its lock file this often, in seconds, while it holds it.
 LOCK_HEARTBEAT_S = 60.0
@@ -44,20 +47,41 @@ LOCK_STALE_S = 900.0
 LOCK_STARTING_S = 60.0
 
 
-def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike]) -> dict:
+#: Output format -> the suffix of its volume outputs (NIfTI is the default; OME-Zarr for scans
+#: that NIfTI tools handle badly, above a few GB: multiscale, opened lazily by napari).
+OUTPUT_FORMATS = {"nifti": ".nii.gz", "ome-zarr": ".ome.zarr"}
+
+
+def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike],
+                 output_format: str = "nifti") -> dict:
     """The output files of a scan: ``{"pores", "prob", "sample", "metrics"}`` -> Path (the sample
     mask is written only when the scan has an outside; the metrics file last, always)."""
+    if output_format not in OUTPUT_FORMATS:
+        raise InputError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}, got {output_format!r}")
     stem = output_stem(scan_path)
     outdir = Path(outdir)
+    ext = OUTPUT_FORMATS[output_format]
     return {
-        "pores": outdir / f"{stem}_pores.nii.gz",
-        "prob": outdir / f"{stem}_prob.nii.gz",
-        "sample": outdir / f"{stem}_sample.nii.gz",
+        "pores": outdir / f"{stem}_pores{ext}",
+        "prob": outdir / f"{stem}_prob{ext}",
+        "sample": outdir / f"{stem}_sample{ext}",
         "metrics": outdir / f"{stem}_metrics.json",
     }
 
 
-def check_outputs(scan_path, outdir, overwrite: bool) -> dict:
+def other_format_outputs(paths: dict) -> list[Path]:
+    """The volume outputs of the same stem in the other output formats (an earlier run's)."""
+    out = []
+    for key in ("pores", "prob", "sample"):
+        p = Path(paths[key])
+        for ext in OUTPUT_FORMATS.values():
+            if p.name.endswith(ext):
+                base = p.name[: -len(ext)]
+                out += [p.with_name(base + other) for other in OUTPUT_FORMATS.values() if other != ext]
+    return out
+
+
+def check_outputs(scan_path, outdir, overwrite: bool, output_format: str = "nifti") -> dict:
     """Check, before any work, that the outputs of ``scan_path`` can be written to ``outdir``.
 
     Nothing is created here: a missing ``outdir`` is made only when there is something to write
@@ -74,9 +98,9 @@ def check_outputs(scan_path, outdir, overwrite: bool) -> dict:
         raise InputError(f"{what} exists and is not a folder", path=outdir)
     if not os.access(existing, os.W_OK | os.X_OK):
         raise InputError(f"cannot write in {existing}: permission denied", path=outdir)
-    paths = output_paths(scan_path, outdir)
+    paths = output_paths(scan_path, outdir, output_format)
     if not overwrite:
-        for p in paths.values():
+        for p in list(paths.values()) + other_format_outputs(paths):
             if p.exists():
                 raise InputError("output exists; pass --overwrite to replace it", path=p)
     return paths
@@ -162,7 +186,7 @@ def output_set(paths: dict) -> Iterator[None]:
     except BaseException:
         for k, p in paths.items():
             if not existed[k] and Path(p).exists():
-                Path(p).unlink()
+                remove_tree(p)
         for folder in reversed(created):  # and the folders it made, if they stayed empty
             try:
                 folder.rmdir()
@@ -184,10 +208,11 @@ def remove_stale_temps(paths: dict) -> int:
         if not p.parent.is_dir():
             continue
         name = p.name
-        stem = name[:-7] if name.lower().endswith(".nii.gz") else (p.stem or name)
+        ext = next((e for e in (".nii.gz", OME_ZARR_SUFFIX) if name.lower().endswith(e)), None)
+        stem = name[: -len(ext)] if ext else (p.stem or name)
         for stale in p.parent.glob(f".{stem}.tmp-*"):
             try:
-                stale.unlink()
+                remove_tree(stale)
                 n += 1
             except OSError:
                 pass

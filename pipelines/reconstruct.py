@@ -17,7 +17,8 @@ steps:
 
 Memory is then the predictor's working set plus a few slabs, whatever the number of slices, and
 the figures equal those of the whole volume. The files a run writes are ``<stem>_pores.nii.gz``,
-``<stem>_prob.nii.gz`` and ``<stem>_metrics.json``, each whole or not at all, the metrics last.
+``<stem>_prob.nii.gz`` (or ``.ome.zarr`` stores) and ``<stem>_metrics.json``, each whole or not at
+all, the metrics last.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -33,16 +33,18 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from ctpore.atomic import write_json_atomic
-from ctpore.data.io import Geometry, Scan, geometry_from_array, label_slice_axis, load_scan
-from ctpore.data.io.write import SlabWriter
+from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan
 from ctpore.data.metrics import MetricsAccumulator
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
 from ctpore.errors import InputError
 from ctpore.pipelines.budget import plan_budget
 from ctpore.pipelines.methods import get_method, resolve_method
-from ctpore.pipelines.outputs import check_outputs, claim_run, finish_metrics, output_paths, output_set, run_fields
+from ctpore.data.io.omezarr_write import remove_tree
+from ctpore.pipelines.outputs import (check_outputs, claim_run, finish_metrics, other_format_outputs, output_paths,
+                                     output_set, run_fields)
 from ctpore.pipelines.sample_mask import prepare_sample
-from ctpore.pipelines.spill import BlockSpill, windowed
+from ctpore.pipelines.sinks import ArraySink, FileSink, TruthSlabs
+from ctpore.pipelines.spill import windowed
 from ctpore.progress import ProgressFn
 
 __all__ = ["DEFAULTS", "Reconstruction", "reconstruct", "reconstruct_file", "resolve_method", "build_predictor",
@@ -103,108 +105,6 @@ def build_predictor(method: str, weights: Optional[PathLike] = None, device: str
     """The predictor of ``method`` (``auto`` resolved), its weights loaded."""
     spec = get_method(resolve_method(method, weights))
     return spec.factory(weights=weights, device=device, attention_backend=attention_backend)
-
-
-# -- where the outputs go ----------------------------------------------------------------------
-
-
-class _ArraySink:
-    """Outputs into arrays; the probability array also holds the raw probabilities until they are
-    post-processed (in place, slab by slab, each slab read before it is written)."""
-
-    def __init__(self, shape):
-        self.prob = np.empty(shape, np.float32)
-        self.pores = np.empty(shape, np.uint8)
-        self.sample = None
-
-    @contextmanager
-    def raw(self, folder):
-        yield self.prob
-
-    def read(self, raw, a: int, b: int) -> np.ndarray:
-        return raw[a:b].copy()
-
-    @contextmanager
-    def open(self, with_sample: bool = False):
-        if with_sample:
-            self.sample = np.empty(self.pores.shape, np.uint8)
-        yield self
-
-    def write(self, a: int, b: int, pores: np.ndarray, prob: np.ndarray, inside=None) -> None:
-        self.pores[a:b] = pores
-        self.prob[a:b] = prob
-        if inside is not None:
-            self.sample[a:b] = inside
-
-
-class _FileSink:
-    """Outputs appended slab by slab to ``paths["pores"]`` and ``paths["prob"]`` (NIfTI, in the
-    input's voxel order, each whole or not at all); the raw probabilities wait in a nameless file."""
-
-    def __init__(self, paths: dict, geometry: Geometry):
-        self.paths, self.geometry = paths, geometry
-        self._writers, self._tmp = None, None  # _tmp: where the raw probabilities (and any spooled slabs) wait
-
-    @contextmanager
-    def raw(self, folder):
-        self._tmp = folder
-        with BlockSpill(folder, self.geometry.shape) as spill:
-            yield spill
-
-    def read(self, raw, a: int, b: int) -> np.ndarray:
-        return raw.read(a, b)
-
-    @contextmanager
-    def open(self, with_sample: bool = False):
-        kinds = (("pores", np.uint8), ("prob", np.float32)) + ((("sample", np.uint8),) if with_sample else ())
-        with ExitStack() as stack:
-            self._writers = [stack.enter_context(SlabWriter(self.paths[k], self.geometry, t, spool_dir=self._tmp))
-                             for k, t in kinds]
-            yield self
-        self._writers = None
-
-    def write(self, a: int, b: int, pores: np.ndarray, prob: np.ndarray, inside=None) -> None:
-        self._writers[0].write(pores)
-        self._writers[1].write(prob)
-        if inside is not None:
-            self._writers[2].write(inside.view(np.uint8))
-
-
-# -- the truth, slab by slab -------------------------------------------------------------------
-
-
-class _Truth:
-    """A ground truth read slab by slab (a file, or an in-memory array), checked to be 0/1."""
-
-    def __init__(self, truth, geometry: Geometry, slice_axis: Optional[int]):
-        self.path, self.scan, self.array = None, None, None
-        shape = tuple(geometry.shape)
-        if isinstance(truth, (str, os.PathLike)):
-            self.path = Path(truth)
-            axis = slice_axis if slice_axis is not None else label_slice_axis(geometry, truth)
-            self.scan = Scan(truth, slice_axis=axis)  # cut as its scan was (no second axis hint)
-            if tuple(self.scan.shape) != shape:
-                self.scan.close()
-                raise InputError(f"label shape (Z, Y, X) = {self.scan.shape} differs from the scan's {shape}",
-                                 self.path)
-        else:
-            self.array = np.asarray(truth)
-            if self.array.shape != shape:
-                raise InputError(f"prediction and truth must have the same shape, got prediction {shape} "
-                                 f"and truth {self.array.shape}")
-
-    def slab(self, a: int, b: int) -> np.ndarray:
-        t = self.scan.read_slices(a, b) if self.scan is not None else self.array[a:b]
-        odd = (t != 0) & (t != 1)
-        if odd.any():
-            vals = ", ".join(f"{v:g}" for v in np.unique(t[odd])[:10])
-            raise InputError(f"a label must hold only 0 (solid) and 1 (pore), found also {vals}; binarize it "
-                             "first (1 = pore)", self.path)
-        return t.astype(np.uint8)
-
-    def close(self) -> None:
-        if self.scan is not None:
-            self.scan.close()
 
 
 # -- the pipeline ------------------------------------------------------------------------------
@@ -268,7 +168,7 @@ def run_reconstruction(
     post = predictor.post.with_user_rules(min_pore_voxels)
     info = dict(predictor.info)
     folder = Path(folder) if folder is not None else Path(tempfile.gettempdir())
-    truth_reader = _Truth(truth, geometry, slice_axis) if truth is not None else None
+    truth_reader = TruthSlabs(truth, geometry, slice_axis) if truth is not None else None
     acc = MetricsAccumulator(shape, geometry.spacing_mm, truth=truth_reader is not None)
     clipped = 0
     smask = None
@@ -426,7 +326,7 @@ def reconstruct(
             predictor = build_predictor(method, weights, device, attention_backend)
         if isinstance(volume, Scan) and 4 * int(np.prod(volume.shape)) <= IN_MEMORY_BYTES:
             volume = volume.read()  # one sequential read instead of one pass per tile
-        sink = _ArraySink(geometry.shape)
+        sink = ArraySink(geometry.shape)
         metrics = run_reconstruction(volume, geometry, predictor, sink, truth=truth, slice_axis=slice_axis,
                                      memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
                                      precision=precision, min_pore_voxels=min_pore_voxels,
@@ -462,12 +362,16 @@ def reconstruct_file(
     gpu_memory_gb: Optional[float] = None,
     sample: Any = "auto",
     tmp_dir: Optional[PathLike] = None,
+    output_format: str = "nifti",
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
     within ``memory_gb`` for the whole process, whatever the scan's size.
 
     ``annotate``: extra keys for the metrics file (``ctpore batch`` records its options there).
     ``tmp_dir``: where the temporary files go (default: the output folder; :func:`~.outputs.claim_run`).
+    ``output_format``: ``"nifti"`` (``.nii.gz``) or ``"ome-zarr"`` (multiscale ``.ome.zarr`` stores,
+    :mod:`ctpore.data.io.omezarr_write`); an earlier run's volumes of the stem in the other format
+    are removed when this run's are whole.
     Other parameters as :func:`reconstruct`. When the scan has an outside (or ``sample`` is a
     mask), the sample mask is written too (``<stem>_sample.nii.gz``, 1 = sample); an older sample
     mask of the same stem that this run does not replace is removed, so the files of a stem are
@@ -480,7 +384,7 @@ def reconstruct_file(
         (``sample`` is written only when there is an outside).
     """
     t0 = time.perf_counter()
-    paths = check_outputs(scan_path, outdir, overwrite)
+    paths = check_outputs(scan_path, outdir, overwrite, output_format)
     # a bad scan (or a lying header) is said at once, from its header, before the model's libraries load
     with claim_run(paths, overwrite, tmp_dir) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
         if predictor is None:
@@ -488,12 +392,13 @@ def reconstruct_file(
         disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile, sample=sample)
         with output_set(paths):
             metrics = run_reconstruction(
-                scan, scan.geometry, predictor, _FileSink(paths, scan.geometry), folder=disk.folder,
+                scan, scan.geometry, predictor, FileSink(paths, scan.geometry), folder=disk.folder,
                 truth=truth, slice_axis=slice_axis, memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
                 precision=precision, min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
                 sample=sample, source=str(scan_path), progress=progress)
-            if not metrics["sample"]["outside_voxels"] and Path(paths["sample"]).exists():
-                Path(paths["sample"]).unlink()  # an earlier run's mask: not this run's (--overwrite)
+            stale = other_format_outputs(paths) + ([paths["sample"]] if not metrics["sample"]["outside_voxels"] else [])
+            for p in stale:  # an earlier run's (--overwrite): the files of a stem are one run's
+                remove_tree(p)
             _finish(metrics, scan.geometry, str(scan_path), t0)
             metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole

@@ -148,7 +148,8 @@ def test_postprocessing_slab_by_slab_equals_the_whole_volume(tmp_path):
     writers, metrics) against whole-volume references: clean_specks, scipy's labelling and the
     whole-volume metric functions."""
     from ctpore.data.postprocess import Postprocessing
-    from ctpore.pipelines.reconstruct import _FileSink, run_reconstruction
+    from ctpore.pipelines.reconstruct import run_reconstruction
+    from ctpore.pipelines.sinks import FileSink
 
     rng = np.random.default_rng(3)
     for trial in range(5):
@@ -162,7 +163,7 @@ def test_postprocessing_slab_by_slab_equals_the_whole_volume(tmp_path):
         min_size, slab_gb = int(rng.integers(2, 12)), [0.33, 0.34, None][trial % 3]
         post = Postprocessing(min_size=min_size, calibration=cal)
         paths = {"pores": tmp_path / f"p{trial}.nii.gz", "prob": tmp_path / f"q{trial}.nii.gz"}
-        got = run_reconstruction(prob, geom, _Given(prob, post), _FileSink(paths, geom), folder=tmp_path,
+        got = run_reconstruction(prob, geom, _Given(prob, post), FileSink(paths, geom), folder=tmp_path,
                                  truth=tmp_path / "truth.nii.gz", memory_gb=slab_gb)
         pores = clean_specks((prob >= 0.5).astype(np.uint8), min_size)
         calibrated = np.interp(prob, cal["x"], cal["y"]).astype(np.float32)

@@ -47,13 +47,40 @@ def scan_layer(path: Union[str, os.PathLike]) -> LayerData:
     from ctpore.data.io import load_scan, output_stem
 
     with load_scan(path) as scan:
-        data, geometry = scan.read(), scan.geometry
-    return data, {"name": output_stem(path), "scale": tuple(geometry.spacing_mm),
-                  "metadata": {"ctpore_geometry": geometry, "ctpore_path": str(path)}}, "image"
+        geometry = scan.geometry
+        levels = _pyramid(path, geometry)
+        data = levels if levels is not None else scan.read()
+    meta = {"name": output_stem(path), "scale": tuple(geometry.spacing_mm),
+            "metadata": {"ctpore_geometry": geometry, "ctpore_path": str(path)}}
+    if levels is not None:
+        meta["multiscale"] = True
+    return data, meta, "image"
+
+
+def _pyramid(path, geometry) -> Optional[list]:
+    """An OME-Zarr store's levels as lazy Zarr arrays (napari reads only the chunks it shows; what
+    ``--output-format ome-zarr`` writes), or None when there is one level or it is not such a store."""
+    from pathlib import Path
+
+    from ctpore.data.io.omezarr import level_paths
+
+    if geometry.format != "ome-zarr" or geometry.file_shape != geometry.shape:
+        return None
+    paths = level_paths(Path(path))
+    if len(paths) < 2:
+        return None
+    import zarr
+
+    levels = [zarr.open_array(str(Path(path) / p), mode="r") for p in paths]
+    return levels if all(a.ndim == 3 for a in levels) else None
 
 
 def volume_of(data, name: str = "the layer") -> np.ndarray:
-    """The layer's data as a ``(Z, Y, X)`` float32 volume, or an :class:`InputError` that says why not."""
+    """The layer's data as a ``(Z, Y, X)`` float32 volume, or an :class:`InputError` that says why not
+    (of a multiscale layer, its full-resolution level)."""
+    if type(data).__name__ == "MultiScaleData" or (isinstance(data, (list, tuple)) and len(data)
+                                                    and getattr(data[0], "ndim", 0) == 3):
+        data = data[0]
     arr = np.asarray(data)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise InputError(f"{name} holds {arr.dtype} values; pores are reconstructed from a grayscale scan")

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ctpore.errors import InputError
+from ctpore.errors import InputError, NonFiniteError
 
 __all__ = [
     "NIFTI_SUFFIXES",
     "TIFF_SUFFIXES",
     "reason",
     "optional_import",
+    "cast_exact",
     "split_inner",
     "natural_key",
     "check_grayscale_dtype",
@@ -232,3 +233,28 @@ def out_of_memory(path: Path, doing: str, advice: str | None = None) -> InputErr
         f"is available); {advice}",
         path,
     )
+
+
+def cast_exact(volume: np.ndarray, dtype: np.dtype, path: Path) -> np.ndarray:
+    """``volume`` as ``dtype`` without changing any value; ValueError/NonFiniteError otherwise."""
+    if volume.dtype == dtype:
+        arr = volume
+    elif dtype.kind in "iu":
+        if volume.dtype.kind == "f" and volume.size:
+            if not np.isfinite(volume).all():
+                raise NonFiniteError(f"volume for {path.name} has NaN or Inf voxels; not written")
+            if not np.array_equal(volume, np.round(volume)):
+                raise ValueError(f"volume for {path.name} has non-integer values; cannot store as {dtype}")
+        if volume.size:
+            info = np.iinfo(dtype)
+            lo, hi = volume.min(), volume.max()
+            if lo < info.min or hi > info.max:
+                raise ValueError(
+                    f"volume for {path.name} has values in [{lo}, {hi}], outside the range of {dtype}"
+                )
+        arr = volume.astype(dtype)
+    else:
+        arr = volume.astype(dtype)
+    if dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+        raise NonFiniteError(f"volume for {path.name} has NaN or Inf voxels; not written")
+    return arr

@@ -27,7 +27,7 @@ from ctpore.data.io.formats import check_3d, check_grayscale_dtype, optional_imp
 from ctpore.data.io.geometry import Geometry, to_mm, unit_to_mm
 from ctpore.errors import InputError
 
-__all__ = ["ZarrReader", "ZARR_SUFFIXES", "zarr_metadata"]
+__all__ = ["ZarrReader", "ZARR_SUFFIXES", "zarr_metadata", "level_paths"]
 
 ZARR_SUFFIXES = (".ome.zarr", ".zarr")
 _META_FILES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"}
@@ -55,6 +55,19 @@ def _multiscales(attrs: dict) -> list | None:
     if isinstance(ome, dict) and ome.get("multiscales"):
         return ome["multiscales"]
     return attrs.get("multiscales") or None
+
+
+def level_paths(folder: Path) -> list[str]:
+    """The paths of an OME-Zarr image's levels, full resolution first (``[]`` when the folder is
+    not an OME-Zarr image group)."""
+    node = zarr_metadata(Path(folder))
+    if node is None or node[0] != "group":
+        return []
+    ms = _multiscales(node[1]) or [{}]
+    try:
+        return [str(d["path"]) for d in ms[0].get("datasets", [])]
+    except (KeyError, TypeError):
+        return []
 
 
 def _scale(transforms: Any, ndim: int) -> list[float]:

@@ -10,39 +10,13 @@ import nibabel as nib
 import numpy as np
 
 from ctpore.atomic import atomic_write
-from ctpore.data.io.formats import NIFTI_SUFFIXES, TIFF_SUFFIXES, reason
+from ctpore.data.io.formats import NIFTI_SUFFIXES, TIFF_SUFFIXES, cast_exact, reason
 from ctpore.data.io.geometry import Geometry
 from ctpore.data.io.nifti import keeps_voxel_order, nifti_image
 from ctpore.data.io.tiff import write_tiff
-from ctpore.errors import InputError, NonFiniteError
+from ctpore.errors import InputError
 
-__all__ = ["save_volume", "SlabWriter", "spools"]
-
-
-def _cast_exact(volume: np.ndarray, dtype: np.dtype, path: Path) -> np.ndarray:
-    """``volume`` as ``dtype`` without changing any value; ValueError/NonFiniteError otherwise."""
-    if volume.dtype == dtype:
-        arr = volume
-    elif dtype.kind in "iu":
-        if volume.dtype.kind == "f" and volume.size:
-            if not np.isfinite(volume).all():
-                raise NonFiniteError(f"volume for {path.name} has NaN or Inf voxels; not written")
-            if not np.array_equal(volume, np.round(volume)):
-                raise ValueError(f"volume for {path.name} has non-integer values; cannot store as {dtype}")
-        if volume.size:
-            info = np.iinfo(dtype)
-            lo, hi = volume.min(), volume.max()
-            if lo < info.min or hi > info.max:
-                raise ValueError(
-                    f"volume for {path.name} has values in [{lo}, {hi}], outside the range of {dtype}"
-                )
-        arr = volume.astype(dtype)
-    else:
-        arr = volume.astype(dtype)
-    if dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
-        raise NonFiniteError(f"volume for {path.name} has NaN or Inf voxels; not written")
-    return arr
-
+__all__ = ["save_volume", "SlabWriter", "spools", "volume_writer"]
 
 
 def save_volume(
@@ -109,7 +83,7 @@ def save_volume(
         target = np.dtype(dtype)
     if target == np.bool_:
         target = np.dtype(np.uint8)
-    data = _cast_exact(volume, target, path)
+    data = cast_exact(volume, target, path)
 
     folder = path.parent if str(path.parent) else Path(".")
     try:
@@ -185,7 +159,7 @@ class SlabWriter:
         slab = np.asarray(slab)
         if slab.ndim != 3 or slab.shape[1:] != tuple(self.geometry.shape[1:]) or slab.shape[0] > self._left:
             raise ValueError(f"slab {slab.shape} does not continue the volume {self.geometry.shape}")
-        data = np.ascontiguousarray(_cast_exact(slab, self.dtype, self.path))
+        data = np.ascontiguousarray(cast_exact(slab, self.dtype, self.path))
         # z-last file order: x fastest, then y, then z, which is the slab's own C order
         (self._spool or self._fh).write(data.tobytes())
         self._left -= slab.shape[0]
@@ -225,3 +199,13 @@ class SlabWriter:
             raise
         self._close_spool()
         self._ctx.__exit__(exc_type, exc, tb)
+
+
+def volume_writer(path: str | Path, geometry: Geometry, dtype: Any, spool_dir: str | Path | None = None):
+    """The slab-by-slab writer for ``path``'s format: :class:`SlabWriter` for ``.nii``/``.nii.gz``,
+    :class:`~ctpore.data.io.omezarr_write.OmeZarrWriter` for ``.ome.zarr`` (same use)."""
+    from ctpore.data.io.omezarr_write import OME_ZARR_SUFFIX, OmeZarrWriter
+
+    if str(path).lower().endswith(OME_ZARR_SUFFIX):
+        return OmeZarrWriter(path, geometry, dtype)
+    return SlabWriter(path, geometry, dtype, spool_dir=spool_dir)
