@@ -162,6 +162,13 @@ def test_spacing_is_the_length_of_each_space_direction_in_its_units(tmp_path):
         with load_scan(path) as scan:
             assert scan.geometry.spacing_mm == pytest.approx(spacing, rel=1e-12), units_line
             assert scan.geometry.units == units
+    # an anatomical space without units (as 3D Slicer and ITK write it) is in mm; others stay unknown
+    for space, units in (("left-posterior-superior", "mm"), ("RAS", "mm"), ("scanner-xyz", "unknown")):
+        path = tmp_path / f"{space}.nrrd"
+        path.write_bytes(header(vol, spacing="none", space=space, space_directions=oblique).encode() + raw_bytes(vol))
+        with load_scan(path) as scan:
+            assert scan.geometry.spacing_mm == pytest.approx((0.05, 0.02, 0.01), rel=1e-12)
+            assert scan.geometry.units == units, space
 
 
 @pytest.mark.parametrize("write", [nhdr_raw, nhdr_gzip, nrrd_attached_raw, nrrd_attached_gzip_big_endian],

@@ -112,6 +112,13 @@ def _skip_lines(target: Path, offset: int, lines: int) -> int:
         return f.tell()
 
 
+#: The NRRD spaces that name anatomical directions: their coordinates are millimetres by convention
+#: (3D Slicer and ITK's NrrdImageIO write them without "space units").
+_ANATOMICAL = {"right-anterior-superior", "ras", "left-anterior-superior", "las", "left-posterior-superior", "lps",
+               "right-anterior-superior-time", "rast", "left-anterior-superior-time", "last",
+               "left-posterior-superior-time", "lpst"}
+
+
 class _GzipSlices:
     """Slices of a gzip (or zlib) stream after ``skip`` inflated bytes, inflated forward; reading
     backwards starts again. Several gzip members one after another are one stream."""
@@ -264,6 +271,8 @@ class NrrdReader:
             # one unit per axis of the space the vectors are in: their lengths are in it when all agree
             names = re.findall(r'"([^"]*)"', fields.get("space units", ""))
             names = names[:1] * 3 if names and len(set(names)) == 1 else []
+            if not fields.get("space units") and fields.get("space", "").strip().lower() in _ANATOMICAL:
+                names = ["mm"] * 3  # an anatomical space is in mm (3D Slicer and ITK write no units there)
         else:
             steps = (_numbers(fields.get("spacings"), float, self.path, "spacings") + [math.nan] * 3)[:3]
             names = re.findall(r'"([^"]*)"', fields.get("units", ""))  # one per axis (x y z)
