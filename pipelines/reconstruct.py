@@ -39,6 +39,7 @@ from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, 
 from ctpore.errors import InputError
 from ctpore.pipelines.budget import plan_budget
 from ctpore.pipelines.methods import get_method, resolve_method
+from ctpore.data.io.formats import optional_import
 from ctpore.data.io.omezarr_write import remove_tree
 from ctpore.pipelines.outputs import (check_outputs, claim_run, finish_metrics, other_format_outputs, output_paths,
                                      output_set, run_fields)
@@ -385,6 +386,8 @@ def reconstruct_file(
     """
     t0 = time.perf_counter()
     paths = check_outputs(scan_path, outdir, overwrite, output_format)
+    if output_format == "ome-zarr":  # its library, before any work rather than when the first slab is written
+        optional_import("zarr", Path(paths["pores"]), "OME-Zarr", "writing")
     # a bad scan (or a lying header) is said at once, from its header, before the model's libraries load
     with claim_run(paths, overwrite, tmp_dir) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
         if predictor is None:

@@ -147,3 +147,13 @@ def test_napari_opens_a_store_lazily_level_by_level(tmp_path):
     assert [d.shape for d in data] == [(10, 600, 40), (5, 300, 20), (3, 150, 10)]
     assert not any(isinstance(d, np.ndarray) for d in data)  # Zarr arrays: read when shown
     assert np.array_equal(volume_of(data), vol)  # reconstructing a multiscale layer uses its full level
+
+
+def test_without_zarr_the_run_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    src = nifti(tmp_path / "s.nii", make_pair(4, shape=(16, 32, 32))[0])
+    monkeypatch.setitem(__import__("sys").modules, "zarr", None)  # import zarr -> ImportError
+    code, _o, err = run_cli(["reconstruct", src, "-o", tmp_path / "o", "--method", "otsu",
+                             "--output-format", "ome-zarr"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "writing OME-Zarr needs the Python package zarr" in err and "pip install" in err
+    assert not (tmp_path / "o").exists()  # nothing made, nothing computed

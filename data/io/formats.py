@@ -55,7 +55,7 @@ def reason(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
-def optional_import(module: str, path: Path, what: str):
+def optional_import(module: str, path: Path, what: str, verb: str = "reading"):
     """``import module``, or an :class:`InputError` naming the pip command when it is not installed.
 
     Parameters
@@ -66,12 +66,14 @@ def optional_import(module: str, path: Path, what: str):
         The scan that needs it (named in the error).
     what : str
         The format, e.g. ``"HDF5"``.
+    verb : str
+        What needs it: ``"reading"`` (a scan) or ``"writing"`` (an output).
     """
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise InputError(
-            f"reading {what} needs the Python package {module}, which is not installed here "
+            f"{verb} {what} needs the Python package {module}, which is not installed here "
             f"({reason(exc)}); install it with: pip install {module} (or install ctpore with its formats extra: "
             "pip install '.[formats]' in its folder)",
             path,

@@ -122,7 +122,7 @@ class OmeZarrWriter:
         self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
         if not self.path.name.lower().endswith(OME_ZARR_SUFFIX):
             raise InputError(f"an OME-Zarr output must end with {OME_ZARR_SUFFIX}", self.path)
-        zarr = optional_import("zarr", self.path, "OME-Zarr")
+        zarr = optional_import("zarr", self.path, "OME-Zarr", "writing")
         stem = self.path.name[: -len(OME_ZARR_SUFFIX)]
         self._tmp = self.path.parent / f".{stem}.tmp-{secrets.token_hex(4)}{OME_ZARR_SUFFIX}"
         try:
