@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ __all__ = [
     "reason",
     "optional_import",
     "cast_exact",
+    "InflatedSlices",
     "split_inner",
     "natural_key",
     "check_grayscale_dtype",
@@ -260,3 +262,56 @@ def cast_exact(volume: np.ndarray, dtype: np.dtype, path: Path) -> np.ndarray:
     if dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
         raise NonFiniteError(f"volume for {path.name} has NaN or Inf voxels; not written")
     return arr
+
+
+class InflatedSlices:
+    """Slices of a zlib or gzip stream in ``target`` from byte ``offset``, after ``skip`` inflated
+    bytes, inflated forward (reading backwards starts again); several gzip members one after another
+    are one stream. ``path`` (the scan) and ``kind`` name it in errors. Returns raw bytes.
+    The compressed MetaImage and NRRD readers share it."""
+
+    def __init__(self, path: Path, target: Path, offset: int, slice_bytes: int, skip: int = 0,
+                 kind: str = "compressed"):
+        self.path, self.offset, self.skip, self.slice_bytes, self.kind = path, offset, skip, slice_bytes, kind
+        self.file = open(target, "rb")
+        self._restart()
+
+    def _restart(self) -> None:
+        self.file.seek(self.offset)
+        self.inflate = zlib.decompressobj(32 + zlib.MAX_WBITS)  # gzip or zlib header
+        self.next = 0  # the next slice the stream gives
+        left = self.skip
+        while left:  # a byte skip, in pieces
+            left -= len(self._take(min(left, 1 << 24), "the bytes it skips (byte skip) do"))
+
+    def _take(self, n: int, what: str = "") -> bytes:
+        out = bytearray()
+        try:
+            while len(out) < n:
+                if self.inflate.eof:  # another gzip member, or the end
+                    data = self.inflate.unused_data or self.file.read(1 << 20)
+                    self.inflate = zlib.decompressobj(32 + zlib.MAX_WBITS)
+                else:
+                    data = self.inflate.unconsumed_tail or self.file.read(1 << 20)
+                if not data:
+                    last = self.next + len(out) // self.slice_bytes
+                    raise InputError(f"is truncated: its {self.kind} data ends before {what or f'slice {last} does'}; "
+                                     "re-export the scan", self.path)
+                out += self.inflate.decompress(data, n - len(out))
+        except zlib.error as exc:
+            raise InputError(f"its {self.kind} data is corrupt ({reason(exc)}); re-export the scan",
+                             self.path) from None
+        return bytes(out)
+
+    def read(self, start: int, stop: int) -> bytes:
+        if start < self.next:
+            self._restart()
+        while self.next < start:  # skip, one slice at a time
+            self._take(self.slice_bytes)
+            self.next += 1
+        out = self._take((stop - start) * self.slice_bytes)
+        self.next = stop
+        return out
+
+    def close(self) -> None:
+        self.file.close()

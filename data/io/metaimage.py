@@ -17,13 +17,13 @@ ElementSpacing as mm, and so does ctpore (units ``"mm"``; ``"unknown"`` when no 
 from __future__ import annotations
 
 import math
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from ctpore.data.io.formats import (
     DEFLATE_MAX_RATIO,
+    InflatedSlices,
     check_3d,
     deflate_limit,
     reason,
@@ -87,43 +87,6 @@ def _numbers(text: str, kind, path: Path, key: str) -> list:
         raise InputError(f"MetaImage {key} = {text!r} is not a list of numbers", path) from None
 
 
-class _ZlibSlices:
-    """Slices of one zlib stream, inflated forward; reading backwards starts again."""
-
-    def __init__(self, path: Path, offset: int, slice_bytes: int):
-        self.path, self.offset, self.slice_bytes = path, offset, slice_bytes
-        self.file = open(path, "rb")
-        self._restart()
-
-    def _restart(self) -> None:
-        self.file.seek(self.offset)
-        self.inflate = zlib.decompressobj()
-        self.next = 0  # the next slice the stream gives
-
-    def _take(self, n: int) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            data = self.inflate.unconsumed_tail or self.file.read(1 << 20)
-            if not data or self.inflate.eof:
-                last = self.next + len(out) // self.slice_bytes
-                raise InputError(f"is truncated: its compressed data ends before slice {last} does", self.path)
-            out += self.inflate.decompress(data, n - len(out))
-        return bytes(out)
-
-    def read(self, start: int, stop: int) -> bytes:
-        if start < self.next:
-            self._restart()
-        while self.next < start:  # skip, one slice at a time
-            self._take(self.slice_bytes)
-            self.next += 1
-        out = self._take((stop - start) * self.slice_bytes)
-        self.next = stop
-        return out
-
-    def close(self) -> None:
-        self.file.close()
-
-
 class MetaImageReader:
     """One ``.mhd``/``.mha`` scan; windowed when uncompressed (memory map), sequential when
     compressed (one zlib stream). See :mod:`ctpore.data.io.metaimage`."""
@@ -172,7 +135,7 @@ class MetaImageReader:
         self.sequential = compressed
         self.windowed = not compressed
         self.memmap: np.ndarray | None = None
-        self._stream: _ZlibSlices | None = None
+        self._stream: InflatedSlices | None = None
         if offset < 0:  # HeaderSize = -1: the data is the last bytes of the file
             offset = size - nbytes if not compressed else -1
             if offset < 0:
@@ -195,7 +158,7 @@ class MetaImageReader:
                     self.path, "the header", tuple(dims), self.dtype, nbytes,
                     f"its {size_text(stored)} of zlib data can expand to at most {size_text(deflate_limit(stored))} "
                     f"(zlib compresses at most {DEFLATE_MAX_RATIO}:1)")
-            self._stream = _ZlibSlices(target, offset, ny * nx * self.dtype.itemsize)
+            self._stream = InflatedSlices(self.path, target, offset, ny * nx * self.dtype.itemsize)
         else:
             if offset + nbytes > size:
                 raise truncated_error(self.path, "the header", tuple(dims), self.dtype, nbytes,

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from ctpore.data.io.formats import DEFLATE_MAX_RATIO, check_3d, deflate_limit, reason, size_text, truncated_error
+from ctpore.data.io.formats import (DEFLATE_MAX_RATIO, InflatedSlices, check_3d, deflate_limit, reason, size_text,
+                                    truncated_error)
 from ctpore.data.io.geometry import Geometry, to_mm, unit_to_mm
 from ctpore.errors import InputError
 
@@ -119,55 +119,6 @@ _ANATOMICAL = {"right-anterior-superior", "ras", "left-anterior-superior", "las"
                "left-posterior-superior-time", "lpst"}
 
 
-class _GzipSlices:
-    """Slices of a gzip (or zlib) stream after ``skip`` inflated bytes, inflated forward; reading
-    backwards starts again. Several gzip members one after another are one stream."""
-
-    def __init__(self, path: Path, target: Path, offset: int, skip: int, slice_bytes: int):
-        self.path, self.offset, self.skip, self.slice_bytes = path, offset, skip, slice_bytes
-        self.file = open(target, "rb")
-        self._restart()
-
-    def _restart(self) -> None:
-        self.file.seek(self.offset)
-        self.inflate = zlib.decompressobj(32 + zlib.MAX_WBITS)  # gzip or zlib header
-        self.next = 0  # the next slice the stream gives
-        left = self.skip
-        while left:  # byte skip, in pieces
-            left -= len(self._take(min(left, 1 << 24), "the bytes it skips (byte skip) do"))
-
-    def _take(self, n: int, what: str = "") -> bytes:
-        out = bytearray()
-        try:
-            while len(out) < n:
-                if self.inflate.eof:  # another gzip member, or the end
-                    data = self.inflate.unused_data or self.file.read(1 << 20)
-                    self.inflate = zlib.decompressobj(32 + zlib.MAX_WBITS)
-                else:
-                    data = self.inflate.unconsumed_tail or self.file.read(1 << 20)
-                if not data:
-                    last = self.next + len(out) // self.slice_bytes
-                    raise InputError(f"is truncated: its gzip data ends before {what or f'slice {last} does'}; "
-                                     "re-export the scan", self.path)
-                out += self.inflate.decompress(data, n - len(out))
-        except zlib.error as exc:
-            raise InputError(f"its gzip data is corrupt ({reason(exc)}); re-export the scan", self.path) from None
-        return bytes(out)
-
-    def read(self, start: int, stop: int) -> bytes:
-        if start < self.next:
-            self._restart()
-        while self.next < start:  # skip, one slice at a time
-            self._take(self.slice_bytes)
-            self.next += 1
-        out = self._take((stop - start) * self.slice_bytes)
-        self.next = stop
-        return out
-
-    def close(self) -> None:
-        self.file.close()
-
-
 class NrrdReader:
     """One ``.nhdr``/``.nrrd`` scan; windowed when raw (memory map), sequential when gzip (one
     stream). See :mod:`ctpore.data.io.nrrd`."""
@@ -218,7 +169,7 @@ class NrrdReader:
         holds = f"{target.name} holds {size_text(size)}"
         self.sequential, self.windowed = compressed, not compressed
         self.memmap: np.ndarray | None = None
-        self._stream: _GzipSlices | None = None
+        self._stream: InflatedSlices | None = None
         if compressed:
             stored = size - offset
             if byte_skip + nbytes > deflate_limit(stored):
@@ -226,7 +177,7 @@ class NrrdReader:
                     self.path, "the header", tuple(sizes), self.dtype, nbytes,
                     f"the {size_text(stored)} of gzip data in {target.name} can expand to at most "
                     f"{size_text(deflate_limit(stored))} (gzip compresses at most {DEFLATE_MAX_RATIO}:1)")
-            self._stream = _GzipSlices(self.path, target, offset, byte_skip, ny * nx * self.dtype.itemsize)
+            self._stream = InflatedSlices(self.path, target, offset, ny * nx * self.dtype.itemsize, byte_skip, "gzip")
         else:
             offset = size - nbytes if byte_skip == -1 else offset + byte_skip
             if offset < 0 or offset + nbytes > size:
