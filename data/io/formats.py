@@ -26,6 +26,7 @@ __all__ = [
     "optional_import",
     "cast_exact",
     "InflatedSlices",
+    "MappedOrInflated",
     "split_inner",
     "natural_key",
     "check_grayscale_dtype",
@@ -315,3 +316,30 @@ class InflatedSlices:
 
     def close(self) -> None:
         self.file.close()
+
+
+class MappedOrInflated:
+    """``read``/``read_window``/``close`` of a reader whose voxels are either memory-mapped
+    (``self.memmap``, windowed) or one compressed stream (``self._stream``, an
+    :class:`InflatedSlices`, whole planes), ``(Z, Y, X)`` in ``self.dtype``: MetaImage, NRRD."""
+
+    memmap: "np.ndarray | None"
+    _stream: "InflatedSlices | None"
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if self.memmap is not None:
+            return np.array(self.memmap[start:stop])
+        _, ny, nx = self.geometry.shape  # type: ignore[attr-defined]
+        raw = self._stream.read(start, stop)  # type: ignore[union-attr]
+        return np.frombuffer(raw, self.dtype).reshape(stop - start, ny, nx)  # type: ignore[attr-defined]
+
+    def read_window(self, start: int, stop: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        if self.memmap is not None:
+            return np.array(self.memmap[start:stop, y0:y1, x0:x1])
+        return self.read(start, stop)[:, y0:y1, x0:x1]  # a compressed stream: whole planes
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        self._stream = None
+        self.memmap = None

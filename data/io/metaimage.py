@@ -24,6 +24,7 @@ import numpy as np
 from ctpore.data.io.formats import (
     DEFLATE_MAX_RATIO,
     InflatedSlices,
+    MappedOrInflated,
     check_3d,
     deflate_limit,
     reason,
@@ -87,7 +88,7 @@ def _numbers(text: str, kind, path: Path, key: str) -> list:
         raise InputError(f"MetaImage {key} = {text!r} is not a list of numbers", path) from None
 
 
-class MetaImageReader:
+class MetaImageReader(MappedOrInflated):
     """One ``.mhd``/``.mha`` scan; windowed when uncompressed (memory map), sequential when
     compressed (one zlib stream). See :mod:`ctpore.data.io.metaimage`."""
 
@@ -178,21 +179,3 @@ class MetaImageReader:
                 spacing, units = (abs(sz), abs(sy), abs(sx)), "mm"
         self.geometry = Geometry(format="metaimage", shape=shape, spacing_mm=spacing, slice_axis=0,
                                  file_shape=tuple(dims), permutation=(0, 1, 2), units=units)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        if self.memmap is not None:
-            return np.array(self.memmap[start:stop])
-        _, ny, nx = self.geometry.shape
-        raw = self._stream.read(start, stop)  # type: ignore[union-attr]
-        return np.frombuffer(raw, self.dtype).reshape(stop - start, ny, nx)
-
-    def read_window(self, start: int, stop: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-        if self.memmap is not None:
-            return np.array(self.memmap[start:stop, y0:y1, x0:x1])
-        return self.read(start, stop)[:, y0:y1, x0:x1]  # a zlib stream: whole planes
-
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-        self._stream = None
-        self.memmap = None

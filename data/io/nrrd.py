@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ctpore.data.io.formats import (DEFLATE_MAX_RATIO, InflatedSlices, check_3d, deflate_limit, reason, size_text,
-                                    truncated_error)
+from ctpore.data.io.formats import (DEFLATE_MAX_RATIO, InflatedSlices, MappedOrInflated, check_3d, deflate_limit,
+                                    reason, size_text, truncated_error)
 from ctpore.data.io.geometry import Geometry, to_mm, unit_to_mm
 from ctpore.errors import InputError
 
@@ -119,7 +119,7 @@ _ANATOMICAL = {"right-anterior-superior", "ras", "left-anterior-superior", "las"
                "left-posterior-superior-time", "lpst"}
 
 
-class NrrdReader:
+class NrrdReader(MappedOrInflated):
     """One ``.nhdr``/``.nrrd`` scan; windowed when raw (memory map), sequential when gzip (one
     stream). See :mod:`ctpore.data.io.nrrd`."""
 
@@ -236,21 +236,3 @@ class NrrdReader:
         spacing = tuple(to_mm(d, u[1]) for d, u in zip(scale, units))  # type: ignore[index]
         kinds = {u[0] for u in units}  # type: ignore[index]
         return spacing, (kinds.pop() if len(kinds) == 1 else "mm")  # type: ignore[return-value]
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        if self.memmap is not None:
-            return np.array(self.memmap[start:stop])
-        _, ny, nx = self.geometry.shape
-        raw = self._stream.read(start, stop)  # type: ignore[union-attr]
-        return np.frombuffer(raw, self.dtype).reshape(stop - start, ny, nx)
-
-    def read_window(self, start: int, stop: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-        if self.memmap is not None:
-            return np.array(self.memmap[start:stop, y0:y1, x0:x1])
-        return self.read(start, stop)[:, y0:y1, x0:x1]  # a gzip stream: whole planes
-
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-        self._stream = None
-        self.memmap = None
