@@ -39,6 +39,7 @@ True
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -102,15 +103,52 @@ def find_outside(volume, max_slices: int = 16) -> Optional[OutsideRule]:
     nz, ny, nx = (int(s) for s in volume.shape)
     if ny < 8 or nx < 8:
         return None
+    cached = _RULES.get(volume, {}) if _weakrefable(volume) else {}
+    if max_slices in cached:
+        return cached[max_slices]
     zs = np.unique(np.linspace(0, nz - 1, min(nz, max_slices)).round().astype(int))
     border, middle, border_f, middle_f = [], [], [], []
     for z in zs:
         sl = np.asarray(volume[int(z): int(z) + 1], dtype=np.float64)[0]
-        sl_f = ndi.median_filter(sl, size=3, mode="nearest")  # what outside_of judges a dark pixel by
         border.append(_border(sl))
         middle.append(_middle(sl))
-        border_f.append(_border(sl_f))
-        middle_f.append(_middle(sl_f))
+        # what outside_of judges a dark pixel by: the 3 x 3 median, here only where it is looked at
+        b_f, m_f = _filtered_border_and_middle(sl)
+        border_f.append(b_f)
+        middle_f.append(m_f)
+    rule = _find_rule(border, middle, border_f, middle_f)
+    if _weakrefable(volume):
+        _RULES.setdefault(volume, {})[max_slices] = rule  # a run asks twice (the disk estimate, the mask)
+    return rule
+
+
+def _weakrefable(volume) -> bool:
+    return not isinstance(volume, np.ndarray) and hasattr(volume, "__weakref__")
+
+
+#: find_outside's answer per scan object (a Scan, not an array, whose contents may change).
+_RULES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _median3(a: np.ndarray) -> np.ndarray:
+    return ndi.median_filter(a, size=3, mode="nearest")
+
+
+def _filtered_border_and_middle(sl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_border`` and ``_middle`` of the slice's 3 x 3 median (``mode="nearest"``), filtering only
+    the strips and the box they take (with the one pixel of context each needs): the same values
+    as filtering the whole slice."""
+    y, x = sl.shape
+    w = 2  # _border's width
+    top, bottom = _median3(sl[: w + 1])[:w], _median3(sl[-(w + 1):])[-w:]
+    left, right = _median3(sl[:, : w + 1])[:, :w], _median3(sl[:, -(w + 1):])[:, -w:]
+    y0, y1, x0, x1 = y // 4, y - y // 4, x // 4, x - x // 4  # _middle's box; y0, x0 >= 2 (y, x >= 8)
+    mid = _median3(sl[y0 - 1: y1 + 1, x0 - 1: x1 + 1])[1:-1, 1:-1]
+    border = np.concatenate([top.ravel(), bottom.ravel(), left.ravel(), right.ravel()])
+    return border, mid.ravel()
+
+
+def _find_rule(border, middle, border_f, middle_f) -> Optional[OutsideRule]:
     b, m = np.concatenate(border), np.concatenate(middle)
     values, counts = np.unique(b, return_counts=True)
     mode = float(values[np.argmax(counts)])

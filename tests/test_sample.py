@@ -134,3 +134,19 @@ def test_a_users_mask_is_checked_and_used(tmp_path, capsys):
         code, _, err = run_cli(["reconstruct", tmp_path / "s.nii", "-o", out, "--sample", tmp_path / bad], capsys)
         assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err
         assert not out.exists()
+
+
+def test_the_outside_is_found_from_medians_filtered_where_they_are_looked_at():
+    """find_outside filters only the border strips and the middle box: the same values as scipy's
+    3 x 3 median of the whole slice, for odd and even sizes and every kind of outside."""
+    from scipy import ndimage as ndi
+
+    from ctpore.data.sample import _border, _filtered_border_and_middle, _middle
+
+    rng = np.random.default_rng(5)
+    for y, x in ((8, 8), (9, 13), (40, 41), (64, 37)):
+        sl = rng.normal(100, 30, (y, x))
+        sl[rng.random((y, x)) < 0.2] = 0  # ties, as a constant outside has
+        whole = ndi.median_filter(sl, size=3, mode="nearest")
+        b, m = _filtered_border_and_middle(sl)
+        assert np.array_equal(b, _border(whole)) and np.array_equal(m, _middle(whole))
