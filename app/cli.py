@@ -129,7 +129,7 @@ def _method_help() -> str:
 @_output_format_option
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
                 chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, tmp_dir, output_format):
-    """Reconstruct the 3D pores of SCANS (NIfTI .nii/.nii.gz, TIFF stack or folder of TIFF slices).
+    """Reconstruct the 3D pores of SCANS (NIfTI, TIFF, HDF, MetaImage, NRRD or OME-Zarr files, or folders of slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
     <stem>_metrics.json per scan (with --output-format ome-zarr: <stem>_pores.ome.zarr and

@@ -40,7 +40,6 @@ def no_autocast(device_type: str):
     return torch.autocast(device_type, enabled=False)
 
 
-
 def folded_head(tok: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor, w_a: torch.Tensor,
                  bias: torch.Tensor) -> torch.Tensor:
     """``tok @ w_t + a @ w_a + bias`` (``(N, 1)``) in the weights' dtype, autocast or not.

@@ -15,7 +15,7 @@ A run of ``reconstruct_file`` writes, beside its outputs (or in ``--tmp-dir``):
 and in the output folder the outputs themselves, gzipped NIfTI, bounded by their uncompressed
 size (:func:`gzip_bound`: deflate never grows data by more than a few bytes in 16 KiB), the
 probabilities 4 bytes a voxel and every other volume (the pores; the sample mask, written only
-when there is an outside) 1 byte.
+when there is an outside) 1 byte; or OME-Zarr stores, their pyramids and chunk files counted too.
 
 :class:`DiskGuard` checks, per file system, that the larger of the two phases (prediction:
 raw probabilities and copy; post-processing: raw probabilities, slabs and outputs) fits the free
@@ -183,7 +183,7 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
         needs.append(Need("copy of the scan with its outside filled", 4 * voxels, tmp, "predict"))
     elif copy:
         needs.append(Need("uncompressed copy of the scan", 4 * voxels, tmp, "predict"))
-    if spool:
+    if spool and volumes:  # only NIfTI outputs wait in the file's axis order; OME-Zarr is written in z order
         needs.append(Need("output slabs", sum(volumes.values()) * voxels, tmp, "post"))
     needs += [Need(f"{k} output", gzip_bound(b * voxels), outdir, "post") for k, b in volumes.items()]
     # OME-Zarr: the pyramid adds at most 1/7 to level 0; each chunk file (>= 64 K voxels) may

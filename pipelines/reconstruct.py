@@ -34,13 +34,13 @@ import numpy as np
 
 from ctpore.atomic import write_json_atomic
 from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan
+from ctpore.data.io.formats import optional_import
+from ctpore.data.io.omezarr_write import remove_tree
 from ctpore.data.metrics import MetricsAccumulator
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
 from ctpore.errors import InputError
 from ctpore.pipelines.budget import plan_budget
 from ctpore.pipelines.methods import get_method, resolve_method
-from ctpore.data.io.formats import optional_import
-from ctpore.data.io.omezarr_write import remove_tree
 from ctpore.pipelines.outputs import (check_outputs, claim_run, finish_metrics, other_format_outputs, output_paths,
                                      output_set, run_fields)
 from ctpore.pipelines.sample_mask import prepare_sample

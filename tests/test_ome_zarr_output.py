@@ -113,8 +113,23 @@ def test_a_stem_holds_one_runs_volumes_whatever_the_format(tmp_path, capsys):
 def test_the_disk_estimate_counts_the_stores():
     shape = (100, 200, 300)
     voxels = 100 * 200 * 300
-    needs = {n.what: n.nbytes for n in run_needs(shape, output_paths("s.nii", "out", "ome-zarr"))}
+    needs = {n.what: n.nbytes for n in run_needs(shape, output_paths("s.nii", "out", "ome-zarr"), spool=True)}
     assert needs["prob output"] >= 4 * voxels * 8 // 7 and needs["pores output"] >= voxels * 8 // 7
+    assert "output slabs" not in needs  # stores are written in z order: nothing waits in another axis order
+    nifti_needs = {n.what for n in run_needs(shape, output_paths("s.nii", "out"), spool=True)}
+    assert "output slabs" in nifti_needs
+
+
+def test_the_commands_offer_every_output_format():
+    from click.testing import CliRunner
+
+    from ctpore.app.cli import cli
+    from ctpore.pipelines.outputs import OUTPUT_FORMATS
+
+    for command in ("reconstruct", "batch"):
+        [opt] = [p for p in cli.commands[command].params if p.name == "output_format"]
+        assert list(opt.type.choices) == list(OUTPUT_FORMATS), command
+    assert "nifti|ome-zarr" in CliRunner().invoke(cli, ["reconstruct", "--help"]).output.replace(" ", "")
 
 
 def test_batch_writes_and_resumes_ome_zarr(tmp_path, capsys):

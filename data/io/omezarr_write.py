@@ -118,7 +118,7 @@ class OmeZarrWriter:
     (True, (0.5, 0.1, 0.1))
     """
 
-    def __init__(self, path: str | Path, geometry: Geometry, dtype: Any, spool_dir: Any = None):
+    def __init__(self, path: str | Path, geometry: Geometry, dtype: Any):
         self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
         if not self.path.name.lower().endswith(OME_ZARR_SUFFIX):
             raise InputError(f"an OME-Zarr output must end with {OME_ZARR_SUFFIX}", self.path)
@@ -184,7 +184,8 @@ class OmeZarrWriter:
 
 def replace_tree(tmp: Path, path: Path) -> None:
     """Rename the folder ``tmp`` to ``path``; an existing ``path`` (file or store) is moved aside
-    first and removed after, so ``path`` is always either the old whole or the new whole."""
+    first (under a temporary's name) and removed after. A folder cannot be renamed over another in
+    one step, so for an instant there is no ``path``; a reader never meets half of either."""
     old = None
     if path.exists() or path.is_symlink():
         name = path.name
