@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ctpore.app.cli import main
@@ -22,3 +23,27 @@ def small(**kw) -> PoreFormerConfig:
                 level_attention=(0, 1), window=5, n_kv_heads=2)
     base.update(kw)
     return PoreFormerConfig(**base)
+
+
+def blob_volume(dtype=np.uint16, shape=(10, 12, 14), seed=0) -> np.ndarray:
+    """A small scan ``(Z, Y, X)``: two blobs of low values (pores) in a noisy bright solid (uint8:
+    the same divided by 256)."""
+    rng = np.random.default_rng(seed)
+    z, y, x = np.indices(shape)
+    vol = 40000 + rng.integers(0, 8000, shape)
+    vol[(z - 4) ** 2 + (y - 5) ** 2 + (x - 5) ** 2 < 10] = 9000
+    vol[(z - 6) ** 2 + (y - 8) ** 2 + (x - 10) ** 2 < 6] = 12000
+    if np.dtype(dtype) == np.uint8:
+        vol //= 256
+    return vol.astype(dtype)
+
+
+def write_nifti(path, vol: np.ndarray, spacing_mm) -> object:
+    """``vol`` (Z, Y, X) as a NIfTI with ``spacing_mm`` (z, y, x) in mm, as scanners' exports are
+    (x fastest); the twin a new format's reader is checked against. Returns ``path``."""
+    import nibabel as nib
+
+    img = nib.Nifti1Image(vol.transpose(2, 1, 0), np.diag([spacing_mm[2], spacing_mm[1], spacing_mm[0], 1.0]))
+    img.header.set_xyzt_units("mm")
+    nib.save(img, str(path))
+    return path

@@ -24,6 +24,7 @@ from ctpore.data.io import registry
 from ctpore.data.io.reader import PlaneReader, Reader
 from ctpore.data.io.geometry import Geometry
 from ctpore.errors import CtporeWarning, InputError
+from helpers import blob_volume, write_nifti
 
 h5py = pytest.importorskip("h5py")
 zarr = pytest.importorskip("zarr")
@@ -32,25 +33,6 @@ from PIL import Image  # noqa: E402  (after the skips)
 SPACING_UM = (30.0, 15.0, 15.0)  # (z, y, x): thicker slices, square in-plane pixels
 SPACING_MM = tuple(d / 1000 for d in SPACING_UM)
 UNKNOWN = ((1.0, 1.0, 1.0), "unknown")
-
-
-def volume(dtype=np.uint16, shape=(10, 12, 14), seed=0) -> np.ndarray:
-    """``(Z, Y, X)`` with two blobs of low values (pores) in a noisy bright solid."""
-    rng = np.random.default_rng(seed)
-    z, y, x = np.indices(shape)
-    vol = 40000 + rng.integers(0, 8000, shape)
-    vol[(z - 4) ** 2 + (y - 5) ** 2 + (x - 5) ** 2 < 10] = 9000
-    vol[(z - 6) ** 2 + (y - 8) ** 2 + (x - 10) ** 2 < 6] = 12000
-    if np.dtype(dtype) == np.uint8:
-        vol //= 256
-    return vol.astype(dtype)
-
-
-def write_nifti(path: Path, vol: np.ndarray, spacing_mm=SPACING_MM) -> Path:
-    img = nib.Nifti1Image(vol.transpose(2, 1, 0), np.diag([spacing_mm[2], spacing_mm[1], spacing_mm[0], 1.0]))
-    img.header.set_xyzt_units("mm")
-    nib.save(img, str(path))
-    return path
 
 
 # --- writers: (folder, (Z, Y, X) array) -> (path to open, (spacing_mm, units) expected) ---------
@@ -176,7 +158,7 @@ WINDOWED = {hdf5_dxchange, hdf5_single_chunked, hdf5_named_dataset, mhd_raw, mhd
 
 @pytest.mark.parametrize("write", WRITERS, ids=[w.__name__ for w in WRITERS])
 def test_same_values_and_spacing_as_the_nifti_of_the_same_volume(tmp_path, write):
-    vol = volume(np.uint8 if write is bmp_folder else np.uint16)
+    vol = blob_volume(np.uint8 if write is bmp_folder else np.uint16)
     path, (spacing, units) = write(tmp_path, vol)
     ref = load_scan(write_nifti(tmp_path / "twin.nii", vol, spacing))
     with load_scan(path) as scan:
@@ -202,7 +184,7 @@ def test_same_values_and_spacing_as_the_nifti_of_the_same_volume(tmp_path, write
 def test_reconstruct_gives_the_pores_and_spacing_of_the_nifti(tmp_path, write):
     from ctpore.pipelines.reconstruct import reconstruct_file
 
-    vol = volume(shape=(12, 16, 16))
+    vol = blob_volume(shape=(12, 16, 16))
     path, (spacing, units) = write(tmp_path, vol)
     twin = write_nifti(tmp_path / "twin.nii.gz", vol, spacing)
     said = pytest.warns(CtporeWarning, match="no length unit") if units == "unknown" else contextlib.nullcontext()
@@ -310,7 +292,7 @@ def test_lying_header_refused_before_allocation(tmp_path, make):
 
 
 def test_zarr_claiming_a_huge_volume_or_holding_no_chunk_is_refused(tmp_path):
-    vol = volume()
+    vol = blob_volume()
     path, _ = ome_zarr_04(tmp_path, vol)
     meta = path / "0" / ".zarray"
     spec = json.loads(meta.read_text())
@@ -329,7 +311,7 @@ def test_zarr_claiming_a_huge_volume_or_holding_no_chunk_is_refused(tmp_path):
 
 
 def test_hdf5_with_several_volumes_lists_them_and_says_how_to_choose(tmp_path):
-    vol = volume()
+    vol = blob_volume()
     path, _ = hdf5_named_dataset(tmp_path, vol)
     file = Path(str(path).split(":")[0])
     with pytest.raises(InputError) as info:
@@ -370,7 +352,7 @@ def test_slice_folders_of_mixed_kinds_or_colour_are_refused(tmp_path):
 
 @pytest.mark.parametrize("package, write", [("h5py", hdf5_dxchange), ("zarr", ome_zarr_04)])
 def test_a_missing_optional_package_is_an_input_error_with_the_pip_line(tmp_path, monkeypatch, package, write):
-    path, _ = write(tmp_path, volume())
+    path, _ = write(tmp_path, blob_volume())
     monkeypatch.setitem(sys.modules, package, None)  # import fails as if it were not installed
     with pytest.raises(InputError) as info:
         load_scan(path)
@@ -378,15 +360,15 @@ def test_a_missing_optional_package_is_an_input_error_with_the_pip_line(tmp_path
 
 
 def test_new_formats_refuse_another_slice_axis(tmp_path):
-    path, _ = mhd_raw(tmp_path, volume())
+    path, _ = mhd_raw(tmp_path, blob_volume())
     with pytest.raises(InputError, match="slice axis 1 only applies to NIfTI files; the slices of a MetaImage"):
         load_scan(path, slice_axis=1)
     assert load_scan(path, slice_axis=0).shape == (10, 12, 14)
 
 
 def test_a_label_of_another_format_keeps_its_own_slices(tmp_path):
-    lab = (volume() < 20000).astype(np.uint8)
-    scan = load_scan(write_nifti(tmp_path / "scan.nii", lab.astype(np.float32)), slice_axis=2)
+    lab = (blob_volume() < 20000).astype(np.uint8)
+    scan = load_scan(write_nifti(tmp_path / "scan.nii", lab.astype(np.float32), SPACING_MM), slice_axis=2)
     path, _ = mhd_raw(tmp_path, lab)
     assert np.array_equal(read_label(path, like=scan.geometry), lab)
 
@@ -440,7 +422,7 @@ def test_a_jpeg_folder_reads_what_pillow_decodes(tmp_path):
     # JPEG is lossy: the truth is each file as Pillow decodes it, in natural order
     p = tmp_path / "jpeg_slices"
     p.mkdir()
-    vol = volume(np.uint8)
+    vol = blob_volume(np.uint8)
     for z in range(vol.shape[0]):
         Image.fromarray(vol[z]).save(p / f"im{z + 1}.jpg", quality=90)
     decoded = np.stack([np.asarray(Image.open(p / f"im{z + 1}.jpg")) for z in range(vol.shape[0])])

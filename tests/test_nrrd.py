@@ -20,27 +20,10 @@ from ctpore.data.io import load_scan, output_stem
 from ctpore.data.io import registry
 from ctpore.data.io.reader import Reader
 from ctpore.errors import InputError
-from helpers import run_cli
+from helpers import blob_volume, run_cli, write_nifti
 
 SPACING_MM = (0.03, 0.015, 0.015)  # (z, y, x): thicker slices, square in-plane pixels
 _TYPES = {"u1": "uchar", "u2": "unsigned short", "i2": "int16", "f4": "float", "f8": "double"}
-
-
-def volume(dtype=np.uint16, shape=(10, 12, 14), seed=0) -> np.ndarray:
-    """``(Z, Y, X)`` with two blobs of low values (pores) in a noisy bright solid."""
-    rng = np.random.default_rng(seed)
-    z, y, x = np.indices(shape)
-    vol = 40000 + rng.integers(0, 8000, shape)
-    vol[(z - 4) ** 2 + (y - 5) ** 2 + (x - 5) ** 2 < 10] = 9000
-    vol[(z - 6) ** 2 + (y - 8) ** 2 + (x - 10) ** 2 < 6] = 12000
-    return vol.astype(dtype)
-
-
-def write_nifti(path: Path, vol: np.ndarray, spacing_mm=SPACING_MM) -> Path:
-    img = nib.Nifti1Image(vol.transpose(2, 1, 0), np.diag([spacing_mm[2], spacing_mm[1], spacing_mm[0], 1.0]))
-    img.header.set_xyzt_units("mm")
-    nib.save(img, str(path))
-    return path
 
 
 def header(vol, encoding="raw", endian="little", spacing="directions", **fields) -> str:
@@ -118,9 +101,9 @@ RAW = {nhdr_raw, nhdr_raw_big_endian_line_and_byte_skip, nhdr_raw_byte_skip_minu
 
 @pytest.mark.parametrize("write", WRITERS, ids=[w.__name__ for w in WRITERS])
 def test_same_values_and_spacing_as_the_nifti_of_the_same_volume(tmp_path, write):
-    vol = volume()
+    vol = blob_volume()
     path, (spacing, units) = write(tmp_path, vol)
-    ref = load_scan(write_nifti(tmp_path / "twin.nii", vol))
+    ref = load_scan(write_nifti(tmp_path / "twin.nii", vol, SPACING_MM))
     with load_scan(path) as scan:
         assert isinstance(scan._reader, Reader) and scan.geometry.format == "nrrd"
         assert scan.shape == ref.shape == vol.shape
@@ -138,7 +121,7 @@ def test_same_values_and_spacing_as_the_nifti_of_the_same_volume(tmp_path, write
 
 @pytest.mark.parametrize("dtype", ["u1", "i2", "f4", "f8"])
 def test_every_voxel_type_reads_its_values(tmp_path, dtype):
-    vol = (volume() // 256).astype(dtype) - (3 if dtype != "u1" else 0)
+    vol = (blob_volume() // 256).astype(dtype) - (3 if dtype != "u1" else 0)
     (tmp_path / "v.nrrd").write_bytes(header(vol, endian="big").encode() + raw_bytes(vol, "big"))
     with load_scan(tmp_path / "v.nrrd") as scan:
         assert scan._reader.dtype == np.dtype(dtype).newbyteorder(">" if dtype != "u1" else "=")
@@ -146,7 +129,7 @@ def test_every_voxel_type_reads_its_values(tmp_path, dtype):
 
 
 def test_spacing_is_the_length_of_each_space_direction_in_its_units(tmp_path):
-    vol = volume(shape=(4, 5, 6))
+    vol = blob_volume(shape=(4, 5, 6))
     oblique = "(0.006,0.008,0) (0,0,0.02) (0.05,0,0)"  # lengths 0.01, 0.02, 0.05 (x, y, z)
     cases = {
         'space units: "um" "um" "um"': ((0.05e-3, 0.02e-3, 0.01e-3), "micron"),
@@ -174,9 +157,9 @@ def test_spacing_is_the_length_of_each_space_direction_in_its_units(tmp_path):
 @pytest.mark.parametrize("write", [nhdr_raw, nhdr_gzip, nrrd_attached_raw, nrrd_attached_gzip_big_endian],
                          ids=["nhdr-raw", "nhdr-gzip", "nrrd-raw", "nrrd-gzip-big-endian"])
 def test_reconstruct_gives_the_pores_and_spacing_of_the_nifti(tmp_path, capsys, write):
-    vol = volume(shape=(12, 16, 16))
+    vol = blob_volume(shape=(12, 16, 16))
     path, (spacing, _) = write(tmp_path, vol)
-    twin = write_nifti(tmp_path / "twin.nii.gz", vol)
+    twin = write_nifti(tmp_path / "twin.nii.gz", vol, SPACING_MM)
     outs = {}
     for name, scan in (("ours", path), ("ref", twin)):
         code, _, err = run_cli(["reconstruct", scan, "-o", tmp_path / name, "--method", "otsu"], capsys)
@@ -229,7 +212,7 @@ def _lying_gzip_nrrd(d: Path) -> Path:
 
 
 def _short_attached(d: Path) -> Path:
-    vol = volume(shape=(4, 5, 6))
+    vol = blob_volume(shape=(4, 5, 6))
     p = d / "short.nrrd"
     p.write_bytes(header(vol).encode() + raw_bytes(vol)[:-2])  # one voxel short
     return p
@@ -257,7 +240,7 @@ def test_lying_header_through_the_command_is_exit_2_in_one_line(tmp_path, capsys
 
 @pytest.mark.parametrize("encoding", ["ascii", "text", "txt", "hex", "bzip2", "bz2", "zstd"])
 def test_encodings_other_than_raw_and_gzip_are_refused_in_one_line(tmp_path, capsys, encoding):
-    vol = volume(shape=(3, 4, 5))
+    vol = blob_volume(shape=(3, 4, 5))
     path = tmp_path / "a.nrrd"
     path.write_bytes(header(vol, encoding=encoding).encode() + " ".join(map(str, vol.ravel())).encode())
     code, out, err = run_cli(["reconstruct", path, "-o", tmp_path / "out", "--method", "otsu"], capsys)
@@ -316,7 +299,7 @@ def test_not_a_nrrd_or_no_data_is_refused(tmp_path):
 
 
 def test_the_table_knows_nrrd(tmp_path):
-    path, _ = nhdr_raw(tmp_path, volume())
+    path, _ = nhdr_raw(tmp_path, blob_volume())
     assert registry.file_kind(path) == "nrrd" and registry.file_kind(tmp_path / "a.NRRD") == "nrrd"
     assert output_stem(tmp_path / "core_3.nrrd") == "core_3"
     assert "NRRD (.nhdr, .nrrd)" in registry.supported_help()
