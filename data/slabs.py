@@ -99,7 +99,10 @@ class SlabComponents:
                 if hit.any():
                     pairs.append(np.stack([a[hit], b[hit]], axis=1))
             if pairs:
-                for i, j in np.unique(np.concatenate(pairs), axis=0):
+                both = np.concatenate(pairs).astype(np.int64)
+                m = int(both.max()) + 1  # (i, j) as one key i*m + j: np.unique in 1-D, same order as axis=0
+                keys = np.unique(both[:, 0] * m + both[:, 1])
+                for i, j in zip((keys // m).tolist(), (keys % m).tolist()):
                     ri, rj = self._find(int(i)), self._find(int(j))
                     if ri != rj:
                         lo, hi = min(ri, rj), max(ri, rj)
