@@ -12,7 +12,11 @@ Backends
     Explicit ``softmax(q k^T / sqrt(d)) v``. The reference every other backend is tested
     against, and the only one that can return the per-head weights ``(B, H, Zq, Zk)``.
 ``sdpa``
-    :func:`torch.nn.functional.scaled_dot_product_attention` (on CPU PyTorch's flash kernel).
+    :func:`torch.nn.functional.scaled_dot_product_attention` (on CPU PyTorch's flash kernel). In
+    inference on CPU, a causal look-back window of at most 8 slices with one key/value head and
+    head size 16 (PoreFormer's full-resolution attention) runs ctpore's C kernel instead
+    (:mod:`ctpore.models.window_kernel`, reported as ``window``), which computes only the keys
+    each query sees; where it is not built, SDPA runs.
 ``flash``
     ``flash_attn_func`` from the optional ``flash-attn`` package (CUDA, fp16/bf16, compute
     capability >= 8). It is imported only when asked for, never at module load. Calls it cannot
@@ -43,6 +47,7 @@ from torch import nn
 from ctpore.errors import InputError, NonFiniteError
 from ctpore.models.backends import BACKENDS, flash_available, flash_capable, load_flash, resolve_backend
 from ctpore.models.kv_cache import KVCache
+from ctpore.models.window_kernel import window_attention
 
 __all__ = [
     "BACKENDS",
@@ -361,12 +366,16 @@ class MultiHeadAttention(nn.Module):
             out = self._flash(q, k, v, p)
             self.ran["flash"] += 1
         else:
-            self.ran["sdpa"] += 1
-            out = self._sdpa(q, k, v, p)
+            out = self._window_kernel(q, k, v, p)
+            if out is None:
+                self.ran["sdpa"] += 1
+                out = self._sdpa(q, k, v, p)
+            else:
+                self.ran["window"] += 1
         b, zq = out.shape[0], out.shape[1]
         out = out.reshape(b, zq, self.d_model)  # (B, Zq, C)
         if project_out:
-            out = self.resid_drop(_tokenwise(self.proj, out))
+            out = self.resid_drop(_tokenwise(self.proj, out.to(self.proj.weight.dtype)))
         if check:
             check_finite(out, self.name, "output")
         return (out, weights) if need_weights else out
@@ -397,6 +406,14 @@ class MultiHeadAttention(nn.Module):
         w = F.dropout(weights, p) if p > 0 else weights
         out = w @ vh  # (B, H, Zq, D)
         return out.transpose(1, 2), weights
+
+    def _window_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor | None:
+        """ctpore's C kernel (:mod:`ctpore.models.window_kernel`) where it applies: CPU inference of a
+        causal look-back window with one key/value head (PoreFormer's full-resolution attention).
+        None elsewhere (SDPA runs)."""
+        if p or q.is_cuda or not self.causal or self.window is None or self.n_kv_heads != 1:
+            return None
+        return window_attention(q, k, v, self.window)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
         """PyTorch SDPA; returns (B, Zq, H, D)."""

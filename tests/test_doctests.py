@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.util
 import pkgutil
 
 import numpy as np
@@ -16,7 +17,9 @@ import ctpore
 def _modules() -> list[str]:
     names = ["ctpore"]
     for info in pkgutil.walk_packages(ctpore.__path__, prefix="ctpore."):
-        if ".tests" not in info.name:
+        spec = importlib.util.find_spec(info.name)
+        python = spec is not None and str(spec.origin).endswith(".py")  # not the C kernel (ctypes loads it)
+        if ".tests" not in info.name and python:
             names.append(info.name)
     return sorted(names)
 

@@ -1,0 +1,187 @@
+/* Causal look-back-window attention with one key/value head, for PoreFormer's inference on CPU.
+ *
+ * Every pixel column is its own tiny attention problem: Zq query slices (H heads of size 16) over
+ * the last W <= 8 key slices each. PyTorch's CPU attention kernel computes every query against
+ * every key of the chunk (and the cached ones) and masks, and spends most of its time in
+ * per-problem overhead; this computes only the keys a query may see, one column at a time in
+ * the cache, with GCC/Clang vector types (16 lanes: one AVX-512 register, two AVX2 ones). It is
+ * loaded with ctypes (ctpore.models.window_kernel), whose calls release the GIL, so Python runs
+ * ranges of columns in several threads.
+ *
+ * Layouts (elements, last axis contiguous):
+ *   q, out  (N, Zq, H, 16), rows of H*16, column stride q_sn / o_sn;
+ *   k, v    (N, Zk, 16),    column stride k_sn / v_sn, slice stride k_sz / v_sz.
+ * Query i is key position p = Zk - Zq + i (bottom-right aligned, as after a KV cache) and attends
+ * to positions max(0, p - W + 1) .. p. Scores and softmax are computed in fp32 whatever the
+ * storage type; bf16 results are rounded to nearest even.
+ *
+ * Reference: ctpore.models.attention.MultiHeadAttention._math (the tests compare the two).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(_WIN32)
+#define EXPORT __declspec(dllexport)
+#else
+#define EXPORT __attribute__((visibility("default")))
+#endif
+
+/* One build, the best vector unit at run time (GCC on x86-64 Linux); elsewhere the compiler's default. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+#define D 16    /* head size */
+#define LANES 8 /* the most keys a query sees (the window) */
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v16 load16_f32(const float *p) {
+    v16 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+static inline v16 load16_bf16(const uint16_t *p) {
+    v16h h;
+    memcpy(&h, p, sizeof h);
+    v16u u = __builtin_convertvector(h, v16u) << 16;
+    return (v16)u;
+}
+
+static inline void store16_f32(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+
+static inline void store16_bf16(uint16_t *p, v16 x) {
+    v16u u = (v16u)x;
+    u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even (values here are finite) */
+    v16h h = __builtin_convertvector(u >> 16, v16h);
+    memcpy(p, &h, sizeof h);
+}
+
+/* e^x for x <= 0 (scores minus their maximum), 8 lanes: Cephes' expf polynomial, relative error
+ * below 2e-7; lanes below -87 give e^-87 (they are masked or negligible). */
+static inline v8 exp8(v8 x) {
+    const v8 lo = x < -87.0f; /* comparisons give -1 (true) / 0 lanes */
+    x = (v8)(((v8i)x & ~(v8i)lo) | ((v8i)((v8){0} - 87.0f) & (v8i)lo));
+    v8 t = x * 1.44269504088896341f - 0.5f;
+    v8i n = __builtin_convertvector(t, v8i); /* toward zero: t - 0.5 rounds t to nearest for t <= 0 */
+    v8 nf = __builtin_convertvector(n, v8);
+    v8 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * (v8)((n + 127) << 23);
+}
+
+static inline float hmax8(v8 x) {
+    float m = x[0];
+    for (int j = 1; j < LANES; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+static inline float hsum8(v8 x) {
+    return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+}
+
+/* The heads of query i in groups of G (a constant): the groups' products, exponentials and sums
+ * are independent chains that the CPU overlaps. */
+#define HEAD_GROUPS(G, LOAD16, STORE16)                                                            \
+    for (int64_t h0 = 0; h0 < H; h0 += G) {                                                        \
+        v16 qh[G], a[G];                                                                           \
+        v8 s[G], e[G];                                                                             \
+        for (int g = 0; g < G; g++) {                                                              \
+            qh[g] = LOAD16(qi + (h0 + g) * D) * scale;                                             \
+            s[g] = (v8){0};                                                                        \
+        }                                                                                          \
+        for (int d = 0; d < D; d++) {                                                              \
+            v8 kd;                                                                                 \
+            memcpy(&kd, kt + d * P + p, sizeof kd);                                                \
+            for (int g = 0; g < G; g++) s[g] += qh[g][d] * kd;                                     \
+        }                                                                                          \
+        for (int g = 0; g < G; g++) {                                                              \
+            v8 x = (v8)(((v8i)s[g] & ~masked) | ((v8i)((v8){0} - 3.0e38f) & masked));              \
+            e[g] = (v8)((v8i)exp8(x - hmax8(x)) & ~masked);                                        \
+        }                                                                                          \
+        for (int g = 0; g < G; g++) {                                                              \
+            e[g] *= 1.0f / hsum8(e[g]);                                                            \
+            a[g] = (v16){0};                                                                       \
+        }                                                                                          \
+        for (int j = 0; j < LANES; j++) {                                                          \
+            const v16 vj = vv[p + j];                                                              \
+            for (int g = 0; g < G; g++) a[g] += e[g][j] * vj;                                      \
+        }                                                                                          \
+        for (int g = 0; g < G; g++) STORE16(oi + (h0 + g) * D, a[g]);                              \
+    }
+
+/* Columns n0 .. n1-1. scratch: (Zk + 7) * 2 * 16 floats (keys transposed, values). */
+#define DEFINE_RUN(NAME, T, LOAD16, STORE16)                                                       \
+    CLONES static void NAME(const T *q, const T *k, const T *v, T *out, int64_t n0, int64_t n1,    \
+                            int64_t Zq, int64_t Zk, int64_t H, int64_t W, float scale, int64_t q_sn, \
+                            int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn,  \
+                            float *scratch) {                                                      \
+        const int64_t P = Zk + LANES - 1; /* key positions, with 7 empty ones in front */          \
+        float *kt = scratch;               /* (16, P): keys transposed: scores run over the window */ \
+        v16 *vv = (v16 *)(scratch + D * P); /* (P): values */                                      \
+        const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};                                                 \
+        memset(scratch, 0, sizeof(float) * 2 * D * P);                                             \
+        for (int64_t n = n0; n < n1; n++) {                                                        \
+            for (int64_t z = 0; z < Zk; z++) {                                                     \
+                v16 kz = LOAD16(k + n * k_sn + z * k_sz);                                          \
+                for (int d = 0; d < D; d++) kt[d * P + (LANES - 1) + z] = kz[d];                   \
+                vv[(LANES - 1) + z] = LOAD16(v + n * v_sn + z * v_sz);                             \
+            }                                                                                      \
+            for (int64_t i = 0; i < Zq; i++) {                                                     \
+                const int64_t p = Zk - Zq + i; /* this query's key position; lanes p-7 .. p */    \
+                int64_t first = (LANES - 1) - p; /* lanes before it: positions < 0 */            \
+                if (LANES - W > first) first = LANES - W; /* or outside the window */             \
+                const v8i masked = lane < (v8i){0} + (int32_t)first;                               \
+                const T *qi = q + n * q_sn + i * H * D;                                            \
+                T *oi = out + n * o_sn + i * H * D;                                                \
+                if (H % 4 == 0) {                                                                  \
+                    HEAD_GROUPS(4, LOAD16, STORE16)                                                \
+                } else {                                                                           \
+                    HEAD_GROUPS(1, LOAD16, STORE16)                                                \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+DEFINE_RUN(run_f32, float, load16_f32, store16_f32)
+DEFINE_RUN(run_bf16, uint16_t, load16_bf16, store16_bf16)
+
+static float *alloc_scratch(int64_t Zk) {
+    return (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * D * (Zk + LANES - 1) + 16));
+}
+
+/* Head size 16 and a window of 1..8 only (the caller checks). Returns 0, or -1 when the scratch
+ * memory could not be allocated. */
+EXPORT int ctpore_winattn_f32(const float *q, const float *k, const float *v, float *out, int64_t n0, int64_t n1,
+                              int64_t Zq, int64_t Zk, int64_t H, int64_t W, float scale, int64_t q_sn, int64_t k_sn,
+                              int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {
+    float *scratch = alloc_scratch(Zk);
+    if (!scratch) return -1;
+    run_f32(q, k, v, out, n0, n1, Zq, Zk, H, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch);
+    free(scratch);
+    return 0;
+}
+
+EXPORT int ctpore_winattn_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t n0,
+                               int64_t n1, int64_t Zq, int64_t Zk, int64_t H, int64_t W, float scale, int64_t q_sn,
+                               int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {
+    float *scratch = alloc_scratch(Zk);
+    if (!scratch) return -1;
+    run_bf16(q, k, v, out, n0, n1, Zq, Zk, H, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch);
+    free(scratch);
+    return 0;
+}

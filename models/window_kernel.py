@@ -1,0 +1,127 @@
+"""The look-back-window attention kernel in C (``models/_winattn.c``) for inference on CPU.
+
+PoreFormer's full-resolution attention is one tiny problem per pixel column: 16 query slices of
+4 heads against the last 8 key slices of one key/value head. PyTorch's CPU attention kernel
+computes each query against every key of the chunk and its cache and masks, and spends its time
+in per-problem overhead: it was the largest single cost of ``ctpore reconstruct`` on CPU. The C
+kernel computes only the keys a query may see, column by column, in fp32 (from fp32 or bf16
+storage).
+
+It is built with the package where a C compiler is found (``setup.py``, an optional extension:
+without one ctpore installs and runs PyTorch's kernel instead) and loaded with :mod:`ctypes`,
+whose calls release the GIL, so ranges of columns run in as many threads as PyTorch uses.
+:func:`available` says whether it is here; ``CTPORE_WINDOW_KERNEL=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+__all__ = ["HEAD_SIZE", "MAX_WINDOW", "available", "library_path", "window_attention"]
+
+_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 6 + [ctypes.c_float] + [ctypes.c_int64] * 6
+
+#: The shapes the kernel is written for (PoreFormer's full-resolution attention): head size 16, a
+#: look-back window of at most 8 slices; other shapes go to PyTorch's kernel.
+HEAD_SIZE, MAX_WINDOW = 16, 8
+
+#: Columns per call at the least: below this a thread's start costs more than it saves.
+_MIN_COLUMNS_PER_THREAD = 256
+
+
+def library_path() -> Path | None:
+    """The built kernel beside this module, or None."""
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = here / f"_winattn{suffix}"
+        if p.is_file():
+            return p
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _library():
+    if os.environ.get("CTPORE_WINDOW_KERNEL", "1") == "0":
+        return None
+    path = library_path()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+        for name in ("ctpore_winattn_f32", "ctpore_winattn_bf16"):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = _ARGS, ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+def available() -> bool:
+    """Whether the C kernel is built here (and not turned off by ``CTPORE_WINDOW_KERNEL=0``)."""
+    return _library() is not None
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="ctpore-window")
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor | None:
+    """Causal look-back-window attention with one key/value head, or None where the kernel cannot run it.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``(N, Zq, H, D)`` queries, fp32 or bf16, on CPU; ``D`` must be :data:`HEAD_SIZE`.
+    k, v : torch.Tensor
+        ``(N, Zk, 1, D)`` keys and values (``Zk >= Zq``; the queries are the last ``Zq``
+        positions), same dtype.
+    window : int
+        Query position ``p`` attends to ``p - window + 1 .. p``; at most :data:`MAX_WINDOW`.
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``(N, Zq, H, D)`` in ``q``'s dtype; None when the kernel is not built, the shapes are
+        not the ones it is written for, the tensors are not CPU fp32/bf16, or need a gradient
+        (PyTorch's kernel then runs).
+    """
+    lib = _library()
+    if lib is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None
+    if k.dtype != q.dtype or v.dtype != q.dtype or k.shape[2] != 1 or v.shape[2] != 1:
+        return None
+    n, zq, h, d = q.shape
+    zk = k.shape[1]
+    if zk < zq or d != HEAD_SIZE or not 1 <= window <= MAX_WINDOW:
+        return None
+    q = q.contiguous()
+    k, v = k[:, :, 0], v[:, :, 0]
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    out = torch.empty_like(q)
+    fn = lib.ctpore_winattn_bf16 if q.dtype == torch.bfloat16 else lib.ctpore_winattn_f32
+    args = (zq, zk, h, int(window), 1.0 / math.sqrt(d), q.stride(0), k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), out.stride(0))
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    threads = max(1, min(torch.get_num_threads(), n // _MIN_COLUMNS_PER_THREAD))
+    bounds = [n * i // threads for i in range(threads + 1)]
+    if threads == 1:
+        codes = [fn(*ptrs, 0, n, *args)]
+    else:
+        codes = list(_pool(threads).map(lambda i: fn(*ptrs, bounds[i], bounds[i + 1], *args), range(threads)))
+    if any(codes):
+        raise MemoryError("the window attention kernel could not allocate its scratch memory")
+    return out
