@@ -114,7 +114,8 @@ def _method_help() -> str:
          help="In-plane tile size (pixels).")
 @_option("--precision", default=lambda: _rdefault("precision"), show_default=_SHOWN_DEFAULTS["precision"],
          type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
-         help="auto = bf16 on CUDA (so FlashAttention runs), fp32 on CPU.")
+         help="auto = bf16 on CUDA (so FlashAttention runs) and on CPUs that multiply bf16 natively "
+              "(AVX512-BF16, AMX), else fp32; fp32 = the stored model as it is.")
 @_option("--attention-backend", default=None, type=click.Choice(["auto", "flash", "sdpa", "math"]),
          show_default="the one stored with the weights",
          help="Override the weights' attention backend (the metrics report the one that ran).")

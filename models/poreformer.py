@@ -39,6 +39,7 @@ Streaming passes the chunk offset ``z0`` so a chunk sees the same encoding as th
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import torch
@@ -171,6 +172,36 @@ class PoreFormer(nn.Module):
     def n_params(self) -> int:
         """Number of trainable parameters."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def with_weights_in(self, dtype: torch.dtype) -> "PoreFormer":
+        """An inference copy whose convolutions, norms and attention blocks hold ``dtype`` weights.
+
+        Used for bf16 on a CPU that multiplies bf16 in hardware: the activations stay in ``dtype``
+        from layer to layer (autocast would cast around every product). What stays in the
+        original precision (fp32): the stem, which reads the fp32 scan; the z-position maps,
+        whose term is rounded once where it is added into V; the head and the last block's output
+        projection, which fold into it (:func:`folded_head` runs their product in bf16 on CPU).
+        The copy shares :meth:`backends_ran`'s counters with this model. This model is unchanged.
+
+        Examples
+        --------
+        >>> m = PoreFormer(PoreFormerConfig(level_channels=(8, 8), level_attention=(0, 1))).eval()
+        >>> half = m.with_weights_in(torch.bfloat16)
+        >>> half.down[0].weight.dtype, half.head.weight.dtype, m.down[0].weight.dtype
+        (torch.bfloat16, torch.float32, torch.float32)
+        """
+        twin = copy.deepcopy(self)
+        kept = [twin.stem, twin.head] + [b.pos for b in twin._attention_blocks() if b.pos is not None]
+        if len(twin.blocks):
+            kept.append(twin.blocks[-1].attn.proj)
+        keep = {id(p) for m in kept for p in m.parameters()}
+        with torch.no_grad():
+            for p in twin.parameters():
+                if id(p) not in keep:
+                    p.data = p.data.to(dtype)
+        for mine, theirs in zip(self._attention_blocks(), twin._attention_blocks()):
+            theirs.attn.ran = mine.attn.ran
+        return twin.eval()
 
     def set_attention_backend(self, name: str) -> None:
         """Switch every attention layer to backend ``name`` (weights unchanged)."""
@@ -384,7 +415,7 @@ class PoreFormer(nn.Module):
         if py or px:
             img = F.pad(img, (0, px, 0, py), mode="replicate")
         with no_autocast(img.device.type):  # the stem in the input's precision (fp32), autocast or not
-            s0 = channels_last(gelu_(self.stem(img)))  # (Z*B, C0, Y', X')
+            s0 = channels_last(gelu_(self.stem(img)).to(self.down[0].weight.dtype))  # (Z*B, C0, Y', X')
         if check:
             check_finite(s0, "encoder", "output")
         feats, h = [s0], s0
@@ -425,21 +456,19 @@ class PoreFormer(nn.Module):
         band = oy if whole else max(1, min(oy, per_band // max(1, ox * z)))
         fold = None if (torch.is_grad_enabled() or need_weights or check) else self._fold_last_block()
         logits = torch.empty((b, z, oy, ox), dtype=x.dtype, device=x.device)
+        fdt = self.stem_proj.weight.dtype
+        u = u.to(fdt)
         for r0 in range(0, oy, band):
             r1 = min(oy, r0 + band)
             rows = slice(ox * r0, ox * r1) if band < oy else None  # this band's pixel columns
             up = up2(u, (mt + r0, mt + r1), (ml, xx - mr), s0.shape[-2:])  # (Z*B, d, rb, ox)
-            st = self.stem_proj(s0[:, :, mt + r0 : mt + r1, ml : xx - mr])
+            st = self.stem_proj(s0[:, :, mt + r0 : mt + r1, ml : xx - mr].to(fdt))
             if check:
                 check_finite(up, "decoder", "output")
             rb = r1 - r0
-            if torch.is_grad_enabled():
-                tok = (up + st).permute(0, 2, 3, 1).reshape(z, b * rb * ox, d).transpose(0, 1).contiguous()
-            else:  # column-major (B*rb*ox, Z, d), written by the add itself
-                tok = torch.empty((b, rb, ox, z, d), dtype=up.dtype, device=up.device)
-                torch.add(up.permute(0, 2, 3, 1).reshape(z, b, rb, ox, d),
-                          st.permute(0, 2, 3, 1).reshape(z, b, rb, ox, d), out=tok.permute(3, 0, 1, 2, 4))
-                tok = tok.view(b * rb * ox, z, d)
+            # column-major (B*rb*ox, Z, d): the add in the maps' own (channels-last) layout, then
+            # one transposing copy (measured twice as fast as an add that writes the transposed layout)
+            tok = (up + st).permute(0, 2, 3, 1).reshape(z, b * rb * ox, d).transpose(0, 1).contiguous()
             n_run = len(self.blocks) - (fold is not None)
             for blk, c in zip(self.blocks[:n_run], caches):
                 tok, w = blk(tok, zfeat, c, need_weights, check, rows, b * oy * ox)

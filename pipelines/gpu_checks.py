@@ -315,7 +315,7 @@ def model_agreement(args: dict) -> dict:
 def model_speed(args: dict) -> dict:
     """The model alone (``predict``, input in memory) with the plan this device gets."""
     from ctpore.models.weights import default_weights_path, load_model
-    from ctpore.pipelines.stream import autocast_dtype, plan_for_device, plan_tiles, predict
+    from ctpore.pipelines.stream import plan_for_device, plan_tiles, precision_name, predict
 
     dev = torch.device(args["device"])
     shape = tuple(int(s) for s in args.get("shape", (256, 1024, 1024)))
@@ -338,10 +338,9 @@ def model_speed(args: dict) -> dict:
         predict(model, vol, chunk, tile, dev, out=out)
         _sync(dev)
         dt = time.perf_counter() - t
-    amp = autocast_dtype("auto", dev)
     res = {"shape": list(shape), "tile": tile, "chunk_slices": chunk, "seconds": round(dt, 3),
            "voxels_per_s": float(np.prod(shape)) / dt, "ran": model.backends_ran(),
-           "precision": str(amp).replace("torch.", "") if amp is not None else "fp32", "estimate_gb": _gb(estimate)}
+           "precision": precision_name("auto", dev), "estimate_gb": _gb(estimate)}
     if dev.type == "cuda":
         res.update(gpu_peak_gb=_gb(torch.cuda.max_memory_allocated(dev)),
                    gpu_peak_reserved_gb=_gb(torch.cuda.max_memory_reserved(dev)))

@@ -130,6 +130,7 @@ def run_fields(shape, geometry, method: str, info: dict) -> dict:
         "model": info["model"],
         "device": info["device"],
         "attention_backend": info["attention_backend"],
+        "precision": info.get("precision"),
     }
 
 

@@ -80,7 +80,7 @@ def test_reconstruct_reports_the_backend_that_ran(tmp_path, fake_flash):
     torch.manual_seed(0)
     w = save_weights(PoreFormer(small()).eval(), tmp_path / "w.safetensors")  # backend "auto"
     scan = (np.random.default_rng(1).random((8, 20, 20)) * 1000).astype(np.uint16)
-    cpu = reconstruct(scan, "poreformer", weights=w)  # auto precision on CPU: fp32
+    cpu = reconstruct(scan, "poreformer", weights=w, precision="fp32")
     assert cpu.metrics["attention_backend"] == "sdpa" and fake_flash == []
     half = reconstruct(scan, "poreformer", weights=w, precision="bf16")
     assert half.metrics["attention_backend"] == "flash" and set(fake_flash) == {torch.bfloat16}

@@ -104,8 +104,10 @@ def test_reconstruct_layers_have_the_scale_and_the_values_of_the_model(scan_file
         x = torch.from_numpy(normalize_volume(np.asarray(data, np.float32)))[None]
         want = torch.sigmoid(load_model(tiny_weights)(x))[0].numpy()
     assert (pkind, lkind) == ("image", "labels")
-    np.testing.assert_allclose(prob, want, atol=1e-5)
-    sure = np.abs(want - 0.5) > 1e-4  # away from the threshold, where rounding cannot flip a voxel
+    # the stored model exactly in fp32; on a CPU with native bf16 the default runs its bf16 copy
+    tol = {"fp32": 1e-5, "bf16": 5e-3}[metrics["precision"]]
+    np.testing.assert_allclose(prob, want, atol=tol)
+    sure = np.abs(want - 0.5) > 10 * tol  # away from the threshold, where rounding cannot flip a voxel
     np.testing.assert_array_equal(pores[sure], clean_specks((want >= 0.5).astype(np.uint8), 4)[sure])
     assert pkw["scale"] == lkw["scale"] == pytest.approx(kwargs["scale"])
     assert metrics["porosity"] == pytest.approx(pores.mean()) and lkw["name"] == "rock pores"

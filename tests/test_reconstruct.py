@@ -304,7 +304,7 @@ def test_poreformer_method_equals_the_full_forward_pass(tmp_path):
     w = tmp_path / "tiny.safetensors"
     save_weights(model, w, metadata={"name": "tiny", "threshold": "0.5", "min_size": "0"})
     grey, _ = two_phase(shape=(11, 20, 18))
-    res = reconstruct(grey, method="poreformer", weights=w, chunk_slices=4, tile=8)
+    res = reconstruct(grey, method="poreformer", weights=w, chunk_slices=4, tile=8, precision="fp32")
     x = torch.from_numpy(normalize_volume(grey))[None]
     with torch.no_grad():
         ref = torch.sigmoid(model(x))[0].numpy()
@@ -312,7 +312,7 @@ def test_poreformer_method_equals_the_full_forward_pass(tmp_path):
     np.testing.assert_array_equal(res.pores, (ref >= 0.5).astype(np.uint8))
     assert res.metrics["method"] == "poreformer"
     assert res.metrics["model"]["name"] == "tiny" and len(res.metrics["model"]["sha256"]) == 64
-    assert res.metrics["attention_backend"] in ("sdpa", "math", "flash")
+    assert res.metrics["attention_backend"] in ("sdpa", "math", "flash") and res.metrics["precision"] == "fp32"
 
 
 LEOPARD = default_leopard() or Path("missing")

@@ -44,7 +44,7 @@ class PoreFormerPredictor:
 
     def predict(self, volume: Any, out: Any, *, budget_bytes: float, progress: ProgressFn = None,
                 chunk_slices: Optional[int] = None, tile: Optional[int] = None, precision: str = "auto") -> dict:
-        from ctpore.pipelines.stream import predict
+        from ctpore.pipelines.stream import precision_name, predict
 
         if tile is None or chunk_slices is None:
             plan_tile, plan_chunk = self.plan(tuple(volume.shape), budget_bytes)
@@ -53,7 +53,8 @@ class PoreFormerPredictor:
         self.model.reset_backends_ran()
         predict(self.model, volume, chunk_slices=chunk_slices, tile=tile, device=self.device, progress=progress,
                 out=out, precision=precision)
-        return {"attention_backend": self.model.backends_ran(), "tile": int(tile), "chunk_slices": int(chunk_slices)}
+        return {"attention_backend": self.model.backends_ran(), "tile": int(tile), "chunk_slices": int(chunk_slices),
+                "precision": precision_name(precision, self.device)}
 
 
 class UNetPredictor:

@@ -1,0 +1,158 @@
+"""The C look-back-window attention kernel (models/_winattn.c) and the bf16 CPU path.
+
+The kernel is checked against an exact float64 reference built from loops (not from the kernel's
+own formulation) and against the module's math path through a streamed KV cache; the bf16 path
+against the stored fp32 model.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from ctpore.models import PoreFormer, PoreFormerConfig, window_kernel
+from ctpore.models.attention import MultiHeadAttention
+from ctpore.models.kv_cache import KVCache
+from ctpore.pipelines import stream
+from ctpore.pipelines.stream import cpu_weights_dtype, precision_name, predict
+
+needs_kernel = pytest.mark.skipif(not window_kernel.available(),
+                                  reason="the C kernel is not built here (no C compiler when ctpore was installed)")
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """Exact (float64) attention of query i (key position Zk - Zq + i) over the keys in its window."""
+    n, zq, h, d = q.shape
+    zk = k.shape[1]
+    q, k, v = q.double(), k[:, :, 0].double(), v[:, :, 0].double()
+    out = torch.zeros(n, zq, h, d, dtype=torch.float64)
+    for i in range(zq):
+        p = zk - zq + i
+        keys = list(range(max(0, p - window + 1), p + 1))
+        s = torch.einsum("nhd,nkd->nhk", q[:, i], k[:, keys]) / math.sqrt(d)
+        out[:, i] = torch.einsum("nhk,nkd->nhd", torch.softmax(s, -1), v[:, keys])
+    return out
+
+
+def test_kernel_is_built_where_a_compiler_is():
+    if sys.platform != "linux" or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("the kernel is built on Linux with a C compiler; this machine has none")
+    assert window_kernel.available(), "setup.py should have built models/_winattn.c (pip install -e . again)"
+
+
+@needs_kernel
+@pytest.mark.parametrize("n, zq, extra, h, window", [
+    (1, 1, 0, 1, 1), (7, 5, 0, 4, 8), (600, 16, 7, 4, 8), (513, 16, 7, 2, 3), (40, 3, 20, 4, 8), (9, 12, 7, 1, 5),
+])
+def test_kernel_fp32_equals_the_exact_reference(n, zq, extra, h, window):
+    g = torch.Generator().manual_seed(n + zq)
+    q = 3 * torch.randn(n, zq, h, 16, generator=g)
+    k, v = torch.randn(2, n, zq + extra, 1, 16, generator=g)
+    out = window_kernel.window_attention(q, k, v, window)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    torch.testing.assert_close(out.double(), reference(q, k, v, window), atol=2e-6, rtol=2e-6)
+
+
+@needs_kernel
+def test_kernel_bf16_is_within_one_rounding_of_the_exact_result():
+    g = torch.Generator().manual_seed(1)
+    q = (3 * torch.randn(700, 16, 4, 16, generator=g)).bfloat16()
+    k, v = torch.randn(2, 700, 23, 1, 16, generator=g).bfloat16()
+    out = window_kernel.window_attention(q, k, v, 8)
+    assert out.dtype == torch.bfloat16
+    exact = reference(q, k, v, 8)
+    err = (out.double() - exact).abs()
+    assert bool((err <= exact.abs() * 2.0**-8 + 1e-6).all())  # bf16 keeps 8 bits: half an ulp is 2^-9
+
+
+@needs_kernel
+def test_kernel_reads_strided_keys_and_declines_what_it_is_not_for():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(300, 8, 4, 16, generator=g)
+    kv = torch.randn(300, 8, 1, 48, generator=g)  # keys and values as slices of a packed projection
+    k, v = kv[..., :16], kv[..., 32:]
+    torch.testing.assert_close(window_kernel.window_attention(q, k, v, 8).double(), reference(q, k, v, 8),
+                               atol=2e-6, rtol=2e-6)
+    assert window_kernel.window_attention(q, k, v, 9) is None  # a window wider than 8
+    assert window_kernel.window_attention(q[..., :8], k[..., :8], v[..., :8], 4) is None  # head size 8
+    assert window_kernel.window_attention(q.double(), k.double(), v.double(), 4) is None
+    with torch.enable_grad():
+        assert window_kernel.window_attention(q.requires_grad_(), k, v, 4) is None  # training: SDPA
+
+
+def test_kernel_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("CTPORE_WINDOW_KERNEL", "0")
+    window_kernel._library.cache_clear()
+    try:
+        assert not window_kernel.available()
+        k, v = torch.randn(2, 4, 4, 1, 16)
+        assert window_kernel.window_attention(torch.randn(4, 4, 4, 16), k, v, 4) is None
+    finally:
+        monkeypatch.delenv("CTPORE_WINDOW_KERNEL")
+        window_kernel._library.cache_clear()
+
+
+@needs_kernel
+@pytest.mark.parametrize("chunk", [3, 16])
+def test_multi_query_attention_runs_the_kernel_and_equals_the_math_path_through_a_cache(chunk):
+    torch.manual_seed(0)
+    fast = MultiHeadAttention(64, 4, n_kv_heads=1, causal=True, window=8, backend="sdpa").eval()
+    ref = MultiHeadAttention(64, 4, n_kv_heads=1, causal=True, window=8, backend="math").eval()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(300, 40, 64)
+    outs = {}
+    with torch.inference_mode():
+        for name, mha in (("fast", fast), ("ref", ref)):
+            cache = KVCache(8)
+            outs[name] = torch.cat([mha(x[:, z:z + chunk], cache=cache) for z in range(0, 40, chunk)], 1)
+    torch.testing.assert_close(outs["fast"], outs["ref"], atol=1e-5, rtol=1e-5)
+    assert fast.ran["window"] > 0 and fast.ran["sdpa"] == 0
+
+
+def test_precision_resolution(monkeypatch):
+    cpu = torch.device("cpu")
+    assert cpu_weights_dtype("fp32", cpu) is None and cpu_weights_dtype("bf16", cpu) is torch.bfloat16
+    monkeypatch.setattr(stream, "cpu_native_bf16", lambda: True)
+    assert cpu_weights_dtype("auto", cpu) is torch.bfloat16 and precision_name("auto", cpu) == "bf16"
+    assert stream.autocast_dtype("auto", cpu) is None  # bf16 weights on CPU, not autocast
+    monkeypatch.setattr(stream, "cpu_native_bf16", lambda: False)
+    assert cpu_weights_dtype("auto", cpu) is None and precision_name("auto", cpu) == "fp32"
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((set(line.split(":", 1)[1].split()) for line in fh if line.startswith("flags")), set())
+    except OSError:
+        flags = set()
+    assert stream.cpu_native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def test_bf16_copy_keeps_the_stem_head_and_z_maps_fp32_and_the_model_unchanged():
+    model = PoreFormer(PoreFormerConfig(level_channels=(8, 8), level_attention=(0, 1))).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    half = model.with_weights_in(torch.bfloat16)
+    fp32 = {n for n, p in half.named_parameters() if p.dtype == torch.float32}
+    expect = {n for n, _ in half.named_parameters()
+              if n.startswith(("stem.", "head.", f"blocks.{len(half.blocks) - 1}.attn.proj.")) or ".pos." in n}
+    assert fp32 == expect
+    assert all(torch.equal(before[k], v) and v.dtype == torch.float32 for k, v in model.state_dict().items())
+
+
+def test_bf16_prediction_stays_close_to_fp32_and_is_deterministic():
+    from ctpore.models.weights import default_weights_path, load_model
+
+    shipped_model = load_model(default_weights_path())
+    vol = np.random.default_rng(0).standard_normal((20, 96, 80)).astype(np.float32)
+    p32 = predict(shipped_model, vol, chunk_slices=8, tile=64, precision="fp32")
+    p16 = predict(shipped_model, vol, chunk_slices=8, tile=64, precision="bf16")
+    again = predict(shipped_model, vol, chunk_slices=8, tile=64, precision="bf16")
+    assert np.array_equal(p16, again)
+    diff = np.abs(p16 - p32)
+    assert diff.mean() < 2e-3 and diff.max() < 0.1
+    assert ((p16 > 0.5) == (p32 > 0.5)).mean() > 0.995
