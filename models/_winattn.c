@@ -1,7 +1,8 @@
 /* Causal look-back-window attention with one key/value head, for PoreFormer's inference on CPU.
  *
  * Every pixel column is its own tiny attention problem: Zq query slices (H heads of size 16) over
- * the last W <= 8 key slices each. PyTorch's CPU attention kernel computes every query against
+ * the last W <= 32 key slices each (Hkv key/value heads; PoreFormer's full resolution has one and
+ * W = 8, its coarse levels four and W = 24). PyTorch's CPU attention kernel computes every query against
  * every key of the chunk (and the cached ones) and masks, and spends most of its time in
  * per-problem overhead; this computes only the keys a query may see, one column at a time in
  * the cache, with GCC/Clang vector types (16 lanes: one AVX-512 register, two AVX2 ones). It is
@@ -10,7 +11,7 @@
  *
  * Layouts (elements, last axis contiguous):
  *   q, out  (N, Zq, H, 16), rows of H*16, column stride q_sn / o_sn;
- *   k, v    (N, Zk, 16),    column stride k_sn / v_sn, slice stride k_sz / v_sz.
+ *   k, v    (N, Zk, Hkv, 16), column stride k_sn / v_sn, slice stride k_sz / v_sz, heads 16 apart.
  * Query i is key position p = Zk - Zq + i (bottom-right aligned, as after a KV cache) and attends
  * to positions max(0, p - W + 1) .. p. Scores and softmax are computed in fp32 whatever the
  * storage type; bf16 results are rounded to nearest even.
@@ -35,7 +36,6 @@
 #endif
 
 #define D 16    /* head size */
-#define LANES 8 /* the most keys a query sees (the window) */
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -86,7 +86,7 @@ static inline v8 exp8(v8 x) {
 
 static inline float hmax8(v8 x) {
     float m = x[0];
-    for (int j = 1; j < LANES; j++) m = x[j] > m ? x[j] : m;
+    for (int j = 1; j < 8; j++) m = x[j] > m ? x[j] : m;
     return m;
 }
 
@@ -94,94 +94,131 @@ static inline float hsum8(v8 x) {
     return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
 }
 
-/* The heads of query i in groups of G (a constant): the groups' products, exponentials and sums
- * are independent chains that the CPU overlaps. */
-#define HEAD_GROUPS(G, LOAD16, STORE16)                                                            \
+/* The heads of query i in groups of G (a constant), over LB blocks of 8 key lanes (a constant):
+ * the groups' products, exponentials and sums are independent chains that the CPU overlaps.
+ * Query head h reads key/value head h / rep. */
+#define HEAD_GROUPS(G, LB, LOAD16, STORE16)                                                        \
     for (int64_t h0 = 0; h0 < H; h0 += G) {                                                        \
         v16 qh[G], a[G];                                                                           \
-        v8 s[G], e[G];                                                                             \
+        v8 s[G][LB];                                                                               \
+        const float *ktg[G];                                                                       \
+        const v16 *vvg[G];                                                                         \
         for (int g = 0; g < G; g++) {                                                              \
             qh[g] = LOAD16(qi + (h0 + g) * D) * scale;                                             \
-            s[g] = (v8){0};                                                                        \
+            ktg[g] = kt + ((h0 + g) / rep) * D * P + p;                                            \
+            vvg[g] = vv + ((h0 + g) / rep) * P + p;                                                \
+            for (int b = 0; b < LB; b++) s[g][b] = (v8){0};                                        \
         }                                                                                          \
-        for (int d = 0; d < D; d++) {                                                              \
-            v8 kd;                                                                                 \
-            memcpy(&kd, kt + d * P + p, sizeof kd);                                                \
-            for (int g = 0; g < G; g++) s[g] += qh[g][d] * kd;                                     \
-        }                                                                                          \
+        for (int d = 0; d < D; d++)                                                                \
+            for (int g = 0; g < G; g++)                                                            \
+                for (int b = 0; b < LB; b++) {                                                     \
+                    v8 kd;                                                                         \
+                    memcpy(&kd, ktg[g] + d * P + 8 * b, sizeof kd);                                \
+                    s[g][b] += qh[g][d] * kd;                                                      \
+                }                                                                                  \
         for (int g = 0; g < G; g++) {                                                              \
-            v8 x = (v8)(((v8i)s[g] & ~masked) | ((v8i)((v8){0} - 3.0e38f) & masked));              \
-            e[g] = (v8)((v8i)exp8(x - hmax8(x)) & ~masked);                                        \
-        }                                                                                          \
-        for (int g = 0; g < G; g++) {                                                              \
-            e[g] *= 1.0f / hsum8(e[g]);                                                            \
+            float m = -3.0e38f;                                                                    \
+            for (int b = 0; b < LB; b++) {                                                         \
+                s[g][b] = (v8)(((v8i)s[g][b] & ~masked[b]) | ((v8i)((v8){0} - 3.0e38f) & masked[b])); \
+                const float mb = hmax8(s[g][b]);                                                   \
+                m = mb > m ? mb : m;                                                               \
+            }                                                                                      \
+            float tot = 0.0f;                                                                      \
+            for (int b = 0; b < LB; b++) {                                                         \
+                s[g][b] = (v8)((v8i)exp8(s[g][b] - m) & ~masked[b]);                               \
+                tot += hsum8(s[g][b]);                                                             \
+            }                                                                                      \
+            const float inv = 1.0f / tot;                                                          \
             a[g] = (v16){0};                                                                       \
+            for (int b = 0; b < LB; b++) s[g][b] *= inv;                                           \
         }                                                                                          \
-        for (int j = 0; j < LANES; j++) {                                                          \
-            const v16 vj = vv[p + j];                                                              \
-            for (int g = 0; g < G; g++) a[g] += e[g][j] * vj;                                      \
-        }                                                                                          \
+        for (int b = 0; b < LB; b++)                                                               \
+            for (int j = 0; j < 8; j++)                                                            \
+                for (int g = 0; g < G; g++) a[g] += s[g][b][j] * vvg[g][8 * b + j];                \
         for (int g = 0; g < G; g++) STORE16(oi + (h0 + g) * D, a[g]);                              \
     }
 
-/* Columns n0 .. n1-1. scratch: (Zk + 7) * 2 * 16 floats (keys transposed, values). */
-#define DEFINE_RUN(NAME, T, LOAD16, STORE16)                                                       \
+/* Columns n0 .. n1-1, windows of at most 8 * LB slices. scratch: alloc_scratch. */
+#define DEFINE_RUN(NAME, T, LOAD16, STORE16, LB)                                                   \
     CLONES static void NAME(const T *q, const T *k, const T *v, T *out, int64_t n0, int64_t n1,    \
-                            int64_t Zq, int64_t Zk, int64_t H, int64_t W, float scale, int64_t q_sn, \
-                            int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn,  \
-                            float *scratch) {                                                      \
-        const int64_t P = Zk + LANES - 1; /* key positions, with 7 empty ones in front */          \
-        float *kt = scratch;               /* (16, P): keys transposed: scores run over the window */ \
-        v16 *vv = (v16 *)(scratch + D * P); /* (P): values */                                      \
+                            int64_t Zq, int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale, \
+                            int64_t q_sn, int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz,  \
+                            int64_t o_sn, float *scratch) {                                        \
+        const int64_t L = 8 * LB;          /* key lanes of a query */                               \
+        const int64_t P = Zk + L - 1;      /* key positions, with L - 1 empty ones in front */     \
+        const int64_t rep = H / Hkv;                                                               \
+        float *kt = scratch;               /* (Hkv, 16, P): keys transposed, scores run over lanes */ \
+        v16 *vv = (v16 *)(scratch + Hkv * D * P); /* (Hkv, P): values */                           \
         const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};                                                 \
-        memset(scratch, 0, sizeof(float) * 2 * D * P);                                             \
+        memset(scratch, 0, sizeof(float) * 2 * Hkv * D * P);                                       \
         for (int64_t n = n0; n < n1; n++) {                                                        \
-            for (int64_t z = 0; z < Zk; z++) {                                                     \
-                v16 kz = LOAD16(k + n * k_sn + z * k_sz);                                          \
-                for (int d = 0; d < D; d++) kt[d * P + (LANES - 1) + z] = kz[d];                   \
-                vv[(LANES - 1) + z] = LOAD16(v + n * v_sn + z * v_sz);                             \
-            }                                                                                      \
+            for (int64_t z = 0; z < Zk; z++)                                                       \
+                for (int64_t hk = 0; hk < Hkv; hk++) {                                             \
+                    v16 kz = LOAD16(k + n * k_sn + z * k_sz + hk * D);                             \
+                    for (int d = 0; d < D; d++) kt[(hk * D + d) * P + (L - 1) + z] = kz[d];        \
+                    vv[hk * P + (L - 1) + z] = LOAD16(v + n * v_sn + z * v_sz + hk * D);           \
+                }                                                                                  \
             for (int64_t i = 0; i < Zq; i++) {                                                     \
-                const int64_t p = Zk - Zq + i; /* this query's key position; lanes p-7 .. p */    \
-                int64_t first = (LANES - 1) - p; /* lanes before it: positions < 0 */            \
-                if (LANES - W > first) first = LANES - W; /* or outside the window */             \
-                const v8i masked = lane < (v8i){0} + (int32_t)first;                               \
+                const int64_t p = Zk - Zq + i; /* this query's key position; lanes p-L+1 .. p */  \
+                int64_t first = (L - 1) - p; /* lanes before it: positions < 0 */                \
+                if (L - W > first) first = L - W; /* or outside the window */                     \
+                v8i masked[LB];                                                                    \
+                for (int b = 0; b < LB; b++) masked[b] = (lane + 8 * b) < (v8i){0} + (int32_t)first; \
                 const T *qi = q + n * q_sn + i * H * D;                                            \
                 T *oi = out + n * o_sn + i * H * D;                                                \
                 if (H % 4 == 0) {                                                                  \
-                    HEAD_GROUPS(4, LOAD16, STORE16)                                                \
+                    HEAD_GROUPS(4, LB, LOAD16, STORE16)                                            \
                 } else {                                                                           \
-                    HEAD_GROUPS(1, LOAD16, STORE16)                                                \
+                    HEAD_GROUPS(1, LB, LOAD16, STORE16)                                            \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
     }
 
-DEFINE_RUN(run_f32, float, load16_f32, store16_f32)
-DEFINE_RUN(run_bf16, uint16_t, load16_bf16, store16_bf16)
+DEFINE_RUN(run_f32_1, float, load16_f32, store16_f32, 1)
+DEFINE_RUN(run_f32_2, float, load16_f32, store16_f32, 2)
+DEFINE_RUN(run_f32_3, float, load16_f32, store16_f32, 3)
+DEFINE_RUN(run_f32_4, float, load16_f32, store16_f32, 4)
+DEFINE_RUN(run_bf16_1, uint16_t, load16_bf16, store16_bf16, 1)
+DEFINE_RUN(run_bf16_2, uint16_t, load16_bf16, store16_bf16, 2)
+DEFINE_RUN(run_bf16_3, uint16_t, load16_bf16, store16_bf16, 3)
+DEFINE_RUN(run_bf16_4, uint16_t, load16_bf16, store16_bf16, 4)
 
-static float *alloc_scratch(int64_t Zk) {
-    return (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * D * (Zk + LANES - 1) + 16));
+static float *alloc_scratch(int64_t Zk, int64_t Hkv, int64_t W) {
+    const int64_t L = 8 * ((W + 7) / 8);
+    return (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * Hkv * D * (Zk + L - 1) + 16));
 }
 
-/* Head size 16 and a window of 1..8 only (the caller checks). Returns 0, or -1 when the scratch
- * memory could not be allocated. */
+#define ARGS q, k, v, out, n0, n1, Zq, Zk, H, Hkv, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch
+
+/* Head size 16, a window of 1..32 slices, H a multiple of Hkv (the caller checks). Returns 0,
+ * or -1 when the scratch memory could not be allocated. */
 EXPORT int ctpore_winattn_f32(const float *q, const float *k, const float *v, float *out, int64_t n0, int64_t n1,
-                              int64_t Zq, int64_t Zk, int64_t H, int64_t W, float scale, int64_t q_sn, int64_t k_sn,
-                              int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {
-    float *scratch = alloc_scratch(Zk);
+                              int64_t Zq, int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale, int64_t q_sn,
+                              int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {
+    float *scratch = alloc_scratch(Zk, Hkv, W);
     if (!scratch) return -1;
-    run_f32(q, k, v, out, n0, n1, Zq, Zk, H, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch);
+    switch ((W + 7) / 8) {
+        case 1: run_f32_1(ARGS); break;
+        case 2: run_f32_2(ARGS); break;
+        case 3: run_f32_3(ARGS); break;
+        default: run_f32_4(ARGS); break;
+    }
     free(scratch);
     return 0;
 }
 
 EXPORT int ctpore_winattn_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t n0,
-                               int64_t n1, int64_t Zq, int64_t Zk, int64_t H, int64_t W, float scale, int64_t q_sn,
-                               int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {
-    float *scratch = alloc_scratch(Zk);
+                               int64_t n1, int64_t Zq, int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale,
+                               int64_t q_sn, int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {
+    float *scratch = alloc_scratch(Zk, Hkv, W);
     if (!scratch) return -1;
-    run_bf16(q, k, v, out, n0, n1, Zq, Zk, H, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch);
+    switch ((W + 7) / 8) {
+        case 1: run_bf16_1(ARGS); break;
+        case 2: run_bf16_2(ARGS); break;
+        case 3: run_bf16_3(ARGS); break;
+        default: run_bf16_4(ARGS); break;
+    }
     free(scratch);
     return 0;
 }

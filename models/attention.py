@@ -13,8 +13,8 @@ Backends
     against, and the only one that can return the per-head weights ``(B, H, Zq, Zk)``.
 ``sdpa``
     :func:`torch.nn.functional.scaled_dot_product_attention` (on CPU PyTorch's flash kernel). In
-    inference on CPU, a causal look-back window of at most 8 slices with one key/value head and
-    head size 16 (PoreFormer's full-resolution attention) runs ctpore's C kernel instead
+    inference on CPU, a causal look-back window of at most 32 slices with head size 16
+    (PoreFormer's attention blocks) runs ctpore's C kernel instead
     (:mod:`ctpore.models.window_kernel`, reported as ``window``), which computes only the keys
     each query sees; where it is not built, SDPA runs.
 ``flash``
@@ -375,7 +375,9 @@ class MultiHeadAttention(nn.Module):
         b, zq = out.shape[0], out.shape[1]
         out = out.reshape(b, zq, self.d_model)  # (B, Zq, C)
         if project_out:
-            out = self.resid_drop(_tokenwise(self.proj, out.to(self.proj.weight.dtype)))
+            if not torch.is_autocast_enabled(out.device.type):  # a bf16 copy's fp32 last projection
+                out = out.to(self.proj.weight.dtype)
+            out = self.resid_drop(_tokenwise(self.proj, out))
         if check:
             check_finite(out, self.name, "output")
         return (out, weights) if need_weights else out
@@ -409,9 +411,9 @@ class MultiHeadAttention(nn.Module):
 
     def _window_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor | None:
         """ctpore's C kernel (:mod:`ctpore.models.window_kernel`) where it applies: CPU inference of a
-        causal look-back window with one key/value head (PoreFormer's full-resolution attention).
+        causal look-back window of at most 32 slices, head size 16 (PoreFormer's attention blocks).
         None elsewhere (SDPA runs)."""
-        if p or q.is_cuda or not self.causal or self.window is None or self.n_kv_heads != 1:
+        if p or q.is_cuda or not self.causal or self.window is None:
             return None
         return window_attention(q, k, v, self.window)
 

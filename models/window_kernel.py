@@ -1,14 +1,15 @@
 """The look-back-window attention kernel in C (``models/_winattn.c``) for inference on CPU.
 
-PoreFormer's full-resolution attention is one tiny problem per pixel column: 16 query slices of
-4 heads against the last 8 key slices of one key/value head. PyTorch's CPU attention kernel
+PoreFormer's attention is one tiny problem per pixel column: at full resolution 16 query slices
+of 4 heads against the last 8 key slices of one key/value head, at the coarse levels 4 heads
+against the last 24 slices. PyTorch's CPU attention kernel
 computes each query against every key of the chunk and its cache and masks, and spends its time
 in per-problem overhead: it was the largest single cost of ``ctpore reconstruct`` on CPU. The C
 kernel computes only the keys a query may see, column by column, in fp32 (from fp32 or bf16
 storage).
 
-It is built with the package where a C compiler is found (``setup.py``, an optional extension:
-without one ctpore installs and runs PyTorch's kernel instead) and loaded with :mod:`ctypes`,
+It is built with the package where a C compiler is found (an optional extension declared in
+``pyproject.toml``: without one ctpore installs and runs PyTorch's kernel instead) and loaded with :mod:`ctypes`,
 whose calls release the GIL, so ranges of columns run in as many threads as PyTorch uses.
 :func:`available` says whether it is here; ``CTPORE_WINDOW_KERNEL=0`` turns it off.
 """
@@ -27,11 +28,11 @@ import torch
 
 __all__ = ["HEAD_SIZE", "MAX_WINDOW", "available", "library_path", "window_attention"]
 
-_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 6 + [ctypes.c_float] + [ctypes.c_int64] * 6
+_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 7 + [ctypes.c_float] + [ctypes.c_int64] * 6
 
-#: The shapes the kernel is written for (PoreFormer's full-resolution attention): head size 16, a
-#: look-back window of at most 8 slices; other shapes go to PyTorch's kernel.
-HEAD_SIZE, MAX_WINDOW = 16, 8
+#: The shapes the kernel is written for (PoreFormer's attention blocks): head size 16, a look-back
+#: window of at most 32 slices; other shapes go to PyTorch's kernel.
+HEAD_SIZE, MAX_WINDOW = 16, 32
 
 #: Columns per call at the least: below this a thread's start costs more than it saves.
 _MIN_COLUMNS_PER_THREAD = 256
@@ -74,16 +75,21 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=n, thread_name_prefix="ctpore-window")
 
 
+if hasattr(os, "register_at_fork"):  # a forked child has the pool object but not its threads
+    os.register_at_fork(after_in_child=_pool.cache_clear)
+
+
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor | None:
-    """Causal look-back-window attention with one key/value head, or None where the kernel cannot run it.
+    """Causal look-back-window attention (multi-, grouped- or multi-query), or None where the kernel cannot run it.
 
     Parameters
     ----------
     q : torch.Tensor
         ``(N, Zq, H, D)`` queries, fp32 or bf16, on CPU; ``D`` must be :data:`HEAD_SIZE`.
     k, v : torch.Tensor
-        ``(N, Zk, 1, D)`` keys and values (``Zk >= Zq``; the queries are the last ``Zq``
-        positions), same dtype.
+        ``(N, Zk, Hkv, D)`` keys and values (``Zk >= Zq``; the queries are the last ``Zq``
+        positions; ``H`` a multiple of ``Hkv``, query head ``h`` reads key/value head
+        ``h // (H / Hkv)``), same dtype.
     window : int
         Query position ``p`` attends to ``p - window + 1 .. p``; at most :data:`MAX_WINDOW`.
 
@@ -99,21 +105,22 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
-    if k.dtype != q.dtype or v.dtype != q.dtype or k.shape[2] != 1 or v.shape[2] != 1:
+    if q.dim() != 4 or k.dim() != 4 or k.dtype != q.dtype or v.dtype != q.dtype:
         return None
     n, zq, h, d = q.shape
-    zk = k.shape[1]
+    zk, hkv = k.shape[1], k.shape[2]
+    if tuple(k.shape) != (n, zk, hkv, d) or tuple(v.shape) != (n, zk, hkv, d) or h % hkv:
+        return None
     if zk < zq or d != HEAD_SIZE or not 1 <= window <= MAX_WINDOW:
         return None
     q = q.contiguous()
-    k, v = k[:, :, 0], v[:, :, 0]
-    if k.stride(-1) != 1:
+    if k.stride(3) != 1 or (hkv > 1 and k.stride(2) != d):  # the kernel reads heads d apart
         k = k.contiguous()
-    if v.stride(-1) != 1:
+    if v.stride(3) != 1 or (hkv > 1 and v.stride(2) != d):
         v = v.contiguous()
     out = torch.empty_like(q)
     fn = lib.ctpore_winattn_bf16 if q.dtype == torch.bfloat16 else lib.ctpore_winattn_f32
-    args = (zq, zk, h, int(window), 1.0 / math.sqrt(d), q.stride(0), k.stride(0), k.stride(1), v.stride(0),
+    args = (zq, zk, h, hkv, int(window), 1.0 / math.sqrt(d), q.stride(0), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), out.stride(0))
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
     threads = max(1, min(torch.get_num_threads(), n // _MIN_COLUMNS_PER_THREAD))

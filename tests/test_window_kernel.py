@@ -26,33 +26,37 @@ needs_kernel = pytest.mark.skipif(not window_kernel.available(),
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
-    """Exact (float64) attention of query i (key position Zk - Zq + i) over the keys in its window."""
+    """Exact (float64) attention of query i (key position Zk - Zq + i) over the keys in its window;
+    query head h reads key/value head h // (H / Hkv)."""
     n, zq, h, d = q.shape
-    zk = k.shape[1]
-    q, k, v = q.double(), k[:, :, 0].double(), v[:, :, 0].double()
+    zk, hkv = k.shape[1], k.shape[2]
+    rep = h // hkv
+    q, k, v = q.double(), k.double(), v.double()
     out = torch.zeros(n, zq, h, d, dtype=torch.float64)
     for i in range(zq):
         p = zk - zq + i
         keys = list(range(max(0, p - window + 1), p + 1))
-        s = torch.einsum("nhd,nkd->nhk", q[:, i], k[:, keys]) / math.sqrt(d)
-        out[:, i] = torch.einsum("nhk,nkd->nhd", torch.softmax(s, -1), v[:, keys])
+        for head in range(h):
+            s = torch.einsum("nd,nkd->nk", q[:, i, head], k[:, keys, head // rep]) / math.sqrt(d)
+            out[:, i, head] = torch.einsum("nk,nkd->nd", torch.softmax(s, -1), v[:, keys, head // rep])
     return out
 
 
 def test_kernel_is_built_where_a_compiler_is():
     if sys.platform != "linux" or not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("the kernel is built on Linux with a C compiler; this machine has none")
-    assert window_kernel.available(), "setup.py should have built models/_winattn.c (pip install -e . again)"
+    assert window_kernel.available(), "pip install should have built models/_winattn.c (run it again, read its output)"
 
 
 @needs_kernel
-@pytest.mark.parametrize("n, zq, extra, h, window", [
-    (1, 1, 0, 1, 1), (7, 5, 0, 4, 8), (600, 16, 7, 4, 8), (513, 16, 7, 2, 3), (40, 3, 20, 4, 8), (9, 12, 7, 1, 5),
+@pytest.mark.parametrize("n, zq, extra, h, hkv, window", [
+    (1, 1, 0, 1, 1, 1), (7, 5, 0, 4, 1, 8), (600, 16, 7, 4, 1, 8), (513, 16, 7, 2, 1, 3), (40, 3, 20, 4, 1, 8),
+    (9, 12, 7, 1, 1, 5), (300, 16, 23, 4, 4, 24), (50, 16, 0, 4, 4, 24), (70, 9, 40, 4, 2, 32), (33, 6, 10, 3, 1, 13),
 ])
-def test_kernel_fp32_equals_the_exact_reference(n, zq, extra, h, window):
+def test_kernel_fp32_equals_the_exact_reference(n, zq, extra, h, hkv, window):
     g = torch.Generator().manual_seed(n + zq)
     q = 3 * torch.randn(n, zq, h, 16, generator=g)
-    k, v = torch.randn(2, n, zq + extra, 1, 16, generator=g)
+    k, v = torch.randn(2, n, zq + extra, hkv, 16, generator=g)
     out = window_kernel.window_attention(q, k, v, window)
     assert out.dtype == torch.float32 and out.shape == q.shape
     torch.testing.assert_close(out.double(), reference(q, k, v, window), atol=2e-6, rtol=2e-6)
@@ -78,7 +82,9 @@ def test_kernel_reads_strided_keys_and_declines_what_it_is_not_for():
     k, v = kv[..., :16], kv[..., 32:]
     torch.testing.assert_close(window_kernel.window_attention(q, k, v, 8).double(), reference(q, k, v, 8),
                                atol=2e-6, rtol=2e-6)
-    assert window_kernel.window_attention(q, k, v, 9) is None  # a window wider than 8
+    assert window_kernel.window_attention(q, k, v, 33) is None  # a window wider than 32
+    assert window_kernel.window_attention(q, k[:-1], v[:-1], 4) is None  # keys for other columns
+    assert window_kernel.window_attention(q, k, v[:, :-1], 4) is None  # values for other slices
     assert window_kernel.window_attention(q[..., :8], k[..., :8], v[..., :8], 4) is None  # head size 8
     assert window_kernel.window_attention(q.double(), k.double(), v.double(), 4) is None
     with torch.enable_grad():
@@ -99,16 +105,17 @@ def test_kernel_turned_off_by_the_environment(monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("chunk", [3, 16])
-def test_multi_query_attention_runs_the_kernel_and_equals_the_math_path_through_a_cache(chunk):
+@pytest.mark.parametrize("n_kv_heads, window", [(1, 8), (None, 24)], ids=["mqa-8", "mha-24"])
+def test_attention_runs_the_kernel_and_equals_the_math_path_through_a_cache(chunk, n_kv_heads, window):
     torch.manual_seed(0)
-    fast = MultiHeadAttention(64, 4, n_kv_heads=1, causal=True, window=8, backend="sdpa").eval()
-    ref = MultiHeadAttention(64, 4, n_kv_heads=1, causal=True, window=8, backend="math").eval()
+    fast = MultiHeadAttention(64, 4, n_kv_heads=n_kv_heads, causal=True, window=window, backend="sdpa").eval()
+    ref = MultiHeadAttention(64, 4, n_kv_heads=n_kv_heads, causal=True, window=window, backend="math").eval()
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(300, 40, 64)
     outs = {}
     with torch.inference_mode():
         for name, mha in (("fast", fast), ("ref", ref)):
-            cache = KVCache(8)
+            cache = KVCache(window)
             outs[name] = torch.cat([mha(x[:, z:z + chunk], cache=cache) for z in range(0, 40, chunk)], 1)
     torch.testing.assert_close(outs["fast"], outs["ref"], atol=1e-5, rtol=1e-5)
     assert fast.ran["window"] > 0 and fast.ran["sdpa"] == 0
@@ -156,3 +163,23 @@ def test_bf16_prediction_stays_close_to_fp32_and_is_deterministic():
     diff = np.abs(p16 - p32)
     assert diff.mean() < 2e-3 and diff.max() < 0.1
     assert ((p16 > 0.5) == (p32 > 0.5)).mean() > 0.995
+
+
+def test_the_plan_counts_bf16_activations_at_two_bytes_and_stays_in_the_budget(monkeypatch):
+    """Where the budget binds (a wide plane), the bf16 copy gets larger tiles or chunks than fp32,
+    and its estimate still fits the budget; fp32 is planned as before."""
+    from ctpore.pipelines.budget import plan_budget
+    from ctpore.pipelines.stream import plan_for_device, plan_streaming, plan_tiles
+
+    model = PoreFormer().eval()
+    shape = (1024, 1024, 1024)
+    budget = plan_budget(shape, 1.5)[1]
+    monkeypatch.setattr(stream, "cpu_native_bf16", lambda: True)
+    half = plan_for_device(model, shape, budget, precision="auto")
+    full = plan_for_device(model, shape, budget, precision="fp32")
+    assert full == plan_streaming(model, shape, budget)
+    assert half[0] * half[0] * half[1] > full[0] * full[0] * full[1]
+    tiles = plan_tiles(1024, 1024, half[0], model.halo)
+    window = max((w[1] - w[0], w[3] - w[2]) for _c, w in tiles)
+    need = model.inference_bytes(window, (half[0], half[0]), half[1], dtype_bytes=2)
+    assert need <= budget < model.inference_bytes(window, (half[0], half[0]), half[1])
