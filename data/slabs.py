@@ -28,6 +28,9 @@ from ctpore.data.topology import (
 
 __all__ = ["SlabComponents", "StreamingTopology"]
 
+#: The largest label count m for which the pair (i, j) of labels fits one int64 key i*m + j.
+_KEY_LIMIT = 3_037_000_499  # floor(sqrt(2**63 - 1))
+
 
 class SlabComponents:
     """Connected components of a binary volume fed slab by slab along z, joined by a union-find.
@@ -100,9 +103,13 @@ class SlabComponents:
                     pairs.append(np.stack([a[hit], b[hit]], axis=1))
             if pairs:
                 both = np.concatenate(pairs).astype(np.int64)
-                m = int(both.max()) + 1  # (i, j) as one key i*m + j: np.unique in 1-D, same order as axis=0
-                keys = np.unique(both[:, 0] * m + both[:, 1])
-                for i, j in zip((keys // m).tolist(), (keys % m).tolist()):
+                m = int(both.max()) + 1
+                if m <= _KEY_LIMIT:  # (i, j) as one key i*m + j: np.unique in 1-D, same order as axis=0
+                    keys = np.unique(both[:, 0] * m + both[:, 1])
+                    uniq = zip((keys // m).tolist(), (keys % m).tolist())
+                else:  # labels too large for one int64 key
+                    uniq = np.unique(both, axis=0).tolist()
+                for i, j in uniq:
                     ri, rj = self._find(int(i)), self._find(int(j))
                     if ri != rj:
                         lo, hi = min(ri, rj), max(ri, rj)

@@ -45,8 +45,8 @@ def folded_head(tok: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor, w_a: torc
     """``tok @ w_t + a @ w_a + bias`` (``(N, 1)``) in the weights' dtype, autocast or not.
 
     Tokens in the weights' dtype (fp32 inference) take one ``addmm`` and one in-place ``addmm_``;
-    on CPU, bf16 tokens (the bf16 copy of the model) take the same two products in bf16, the logit
-    rounded once to bf16; elsewhere (CUDA autocast) half-precision tokens are widened
+    on CPU, bf16 tokens (the bf16 copy of the model) take the same two products in bf16 (the logit
+    rounded to bf16); elsewhere (CUDA autocast) half-precision tokens are widened
     ``_HEAD_ROWS`` rows at a time, so the logits are computed in fp32 without an fp32 copy of the
     whole band.
     """
@@ -54,9 +54,9 @@ def folded_head(tok: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor, w_a: torc
         if tok.dtype == w_t.dtype and a.dtype == w_a.dtype:
             return torch.addmm(bias, tok, w_t).addmm_(a, w_a)
         if tok.device.type == "cpu" and tok.dtype == a.dtype:
-            # bf16 weights on CPU: the products in the tokens' dtype (oneDNN accumulates in fp32,
-            # the logit is rounded once to bf16); widening the tokens cost more than the rest
-            # of the full-resolution products together.
+            # bf16 weights on CPU: the products in the tokens' dtype (oneDNN accumulates each in
+            # fp32; the logit is rounded to bf16 after each of the two); widening the tokens cost
+            # more than the rest of the full-resolution products together.
             dt = tok.dtype
             return torch.addmm(bias.to(dt), tok, w_t.to(dt)).addmm_(a, w_a.to(dt)).to(w_t.dtype)
         out = torch.empty((tok.shape[0], 1), dtype=w_t.dtype, device=tok.device)

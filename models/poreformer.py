@@ -155,9 +155,9 @@ class PoreFormer(nn.Module):
     def backends_ran(self) -> str:
         """The attention kernels that really ran since the model was built (or :meth:`reset_backends_ran`).
 
-        ``"flash"``, ``"sdpa"`` or ``"math"``; where several ran (say flash at full resolution
-        and sdpa for a shape flash refuses), joined by ``+``, the most used first; ``"none"``
-        before any call.
+        ``"flash"``, ``"sdpa"``, ``"window"`` (ctpore's C kernel on CPU) or ``"math"``; where
+        several ran (say flash at full resolution and sdpa for a shape flash refuses), joined by
+        ``+``, the most used first; ``"none"`` before any call.
         """
         total: Counter = Counter()
         for blk in self._attention_blocks():
@@ -224,6 +224,8 @@ class PoreFormer(nn.Module):
             Slices per forward call.
         dtype_bytes : int
             Bytes per activation (4: fp32; under bf16 autocast most are 2, so 4 is an upper bound).
+            With 2 (the bf16 copy, :meth:`with_weights_in`) the input, its padding and the fp32 stem
+            output before its cast are still counted at 4 bytes.
         device : torch.device or str, optional
             Where the model runs: the full-resolution band is :func:`band_tokens` of it (larger
             on CUDA). Default: CPU.
@@ -249,7 +251,8 @@ class PoreFormer(nn.Module):
         lw = cfg.level_window or 64
         caches += sum(n * (lw - 1) * (wpx / 4**lv) * 2 * c
                       for lv, (c, n) in enumerate(zip(cfg.level_channels, cfg.level_attention), start=1))
-        return int(dtype_bytes * (act + band + caches))
+        fp32_parts = 0 if dtype_bytes >= 4 else (4 - dtype_bytes) * chunk * wpx * (2 + cfg.stem_channels)
+        return int(dtype_bytes * (act + band + caches) + fp32_parts)
 
     def new_cache(self, capacity: int | None = None) -> list[KVCache]:
         """Fresh KV caches (one per attention block) for streaming one tile through the slices.
@@ -456,13 +459,11 @@ class PoreFormer(nn.Module):
         band = oy if whole else max(1, min(oy, per_band // max(1, ox * z)))
         fold = None if (torch.is_grad_enabled() or need_weights or check) else self._fold_last_block()
         logits = torch.empty((b, z, oy, ox), dtype=x.dtype, device=x.device)
-        fdt = self.stem_proj.weight.dtype
-        u = u.to(fdt)
         for r0 in range(0, oy, band):
             r1 = min(oy, r0 + band)
             rows = slice(ox * r0, ox * r1) if band < oy else None  # this band's pixel columns
             up = up2(u, (mt + r0, mt + r1), (ml, xx - mr), s0.shape[-2:])  # (Z*B, d, rb, ox)
-            st = self.stem_proj(s0[:, :, mt + r0 : mt + r1, ml : xx - mr].to(fdt))
+            st = self.stem_proj(s0[:, :, mt + r0 : mt + r1, ml : xx - mr])
             if check:
                 check_finite(up, "decoder", "output")
             rb = r1 - r0

@@ -114,7 +114,7 @@ def check_tmp_dir(tmp_dir: Optional[PathLike]) -> Optional[Path]:
 
 
 def copy_made(scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
-              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None) -> bool:
+              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None, precision: str = "auto") -> bool:
     """Whether a run of ``predictor`` on ``scan`` makes the temporary uncompressed copy of the scan,
     decided as ``run_reconstruction`` decides it: a tiled predictor (it has a halo), a format that
     cannot read windows, and a plane that takes several tiles (the tile from ``tile``, else from
@@ -130,7 +130,7 @@ def copy_made(scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
         from ctpore.pipelines.budget import plan_budget
 
         _slab, model_budget = plan_budget(shape, memory_gb, getattr(predictor, "device", None))
-        tile = plan(shape, model_budget, gpu_memory_gb)[0]
+        tile = plan(shape, model_budget, gpu_memory_gb, precision=precision)[0]
     from ctpore.pipelines.stream import plan_tiles
 
     return len(plan_tiles(shape[1], shape[2], tile, halo)) > 1
@@ -251,12 +251,14 @@ class DiskGuard:
         self.needs: list[Need] = []
 
     def check(self, scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
-              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None, sample: Any = "auto") -> list[Need]:
+              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None, sample: Any = "auto",
+              precision: str = "auto") -> list[Need]:
         """Estimate what the run of ``predictor`` on ``scan`` (with ``sample``) writes and refuse
         (:func:`check_disk`) when it does not fit; returns the estimate."""
         from ctpore.data.io.write import spools
 
-        copy = copy_made(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile)
+        copy = copy_made(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile,
+                         precision=precision)
         self.needs = run_needs(scan.shape, self.paths, tmp_dir=self.tmp_dir, copy=copy, spool=spools(scan.geometry),
                                outside=has_outside(scan, sample))
         check_disk(self.needs)

@@ -163,7 +163,7 @@ def run_reconstruction(
     slab, model_budget = plan_budget(shape, memory_gb, getattr(predictor, "device", None))
     plan = getattr(predictor, "plan", None)
     if plan is not None and (tile is None or chunk_slices is None):
-        plan_tile, plan_chunk = plan(shape, model_budget, gpu_memory_gb)
+        plan_tile, plan_chunk = plan(shape, model_budget, gpu_memory_gb, precision=precision)
         tile = plan_tile if tile is None else tile
         chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
     post = predictor.post.with_user_rules(min_pore_voxels)
@@ -392,7 +392,8 @@ def reconstruct_file(
     with claim_run(paths, overwrite, tmp_dir) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
         if predictor is None:
             predictor = build_predictor(method, weights, device, attention_backend)
-        disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile, sample=sample)
+        disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile, sample=sample,
+                   precision=precision)
         with output_set(paths):
             metrics = run_reconstruction(
                 scan, scan.geometry, predictor, FileSink(paths, scan.geometry), folder=disk.folder,

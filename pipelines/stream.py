@@ -145,10 +145,13 @@ def gpu_budget(device: str | torch.device, gpu_memory_gb: float | None = None) -
 
 
 def plan_for_device(model: Any, shape: tuple[int, int, int], host_budget: float,
-                    device: str | torch.device | None = None, gpu_memory_gb: float | None = None) -> tuple[int, int]:
+                    device: str | torch.device | None = None, gpu_memory_gb: float | None = None,
+                    precision: str = "auto") -> tuple[int, int]:
     """The fastest ``(tile, chunk_slices)`` for ``device`` within the budgets.
 
-    On CPU the model's working memory must fit ``host_budget`` (bytes; :func:`plan_streaming`).
+    On CPU the model's working memory must fit ``host_budget`` (bytes; :func:`plan_streaming`),
+    its activations counted at 2 bytes where ``precision`` runs the bf16 copy
+    (:func:`cpu_weights_dtype`), else at 4.
     On CUDA it must fit the GPU's budget (:func:`gpu_budget`: free memory less a margin, at most
     ``gpu_memory_gb``), estimated with the band of tokens that runs on the GPU, while the host's
     staging buffers (:func:`stream_host_bytes`) must fit ``host_budget``.
@@ -160,17 +163,20 @@ def plan_for_device(model: Any, shape: tuple[int, int, int], host_budget: float,
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type != "cuda":
-        return plan_streaming(model, shape, host_budget)
+        half = cpu_weights_dtype(precision, dev) is not None and hasattr(model, "with_weights_in")
+        return plan_streaming(model, shape, host_budget, dtype_bytes=2 if half else 4)
     if gpu_memory_gb is not None and gpu_memory_gb <= 0:
         raise InputError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb}")
     return plan_streaming(model, shape, gpu_budget(dev, gpu_memory_gb), device=dev, host_budget_bytes=host_budget)
 
 
 def plan_streaming(model: Any, shape: tuple[int, int, int], budget_bytes: float, *,
-                   device: torch.device | None = None, host_budget_bytes: float | None = None) -> tuple[int, int]:
+                   device: torch.device | None = None, host_budget_bytes: float | None = None,
+                   dtype_bytes: int = 4) -> tuple[int, int]:
     """The fastest ``(tile, chunk_slices)`` whose working memory fits ``budget_bytes``.
 
-    The working memory of one tile comes from ``model.inference_bytes``; speed is judged by the
+    The working memory of one tile comes from ``model.inference_bytes`` (activations of
+    ``dtype_bytes``, 2 for the bf16 copy on CPU); speed is judged by the
     share of each window that is core (the halo is read but not kept) times
     :data:`CHUNK_EFFICIENCY`. A plane that fits whole is one tile. With a CUDA ``device``
     (see :func:`plan_for_device`) ``budget_bytes`` is the GPU's, the estimate uses that device's
@@ -195,7 +201,7 @@ def plan_streaming(model: Any, shape: tuple[int, int, int], budget_bytes: float,
             window = max((w[1] - w[0], w[3] - w[2]) for _c, w in tiles)
             core = (min(side, ny), min(side, nx))
             need = model.inference_bytes(window, core, chunk, device=device) if cuda else \
-                model.inference_bytes(window, core, chunk)
+                model.inference_bytes(window, core, chunk, dtype_bytes=dtype_bytes)
             host = stream_host_bytes(window, core, chunk) if cuda else 0
             smallest = need if smallest is None else min(smallest, need)
             if need > budget_bytes or (host_budget_bytes is not None and host > host_budget_bytes):
@@ -422,7 +428,12 @@ def predict(
     if params and params[0].device != dev:
         model.to(dev)
     half = cpu_weights_dtype(precision, dev)
-    net = model.with_weights_in(half) if half is not None and hasattr(model, "with_weights_in") else model
+    net = model
+    if half is not None:
+        if hasattr(model, "with_weights_in"):
+            net = model.with_weights_in(half)
+        else:  # a model without a bf16 copy of its own runs under autocast, as asked
+            amp = half
     halo = int(getattr(model, "halo", 0))
     token_halo = int(getattr(model, "token_halo", halo))  # tokens needed around a core
     align = int(getattr(model, "align", 1))  # windows start on the model's pooling grid

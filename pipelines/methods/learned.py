@@ -34,20 +34,21 @@ class PoreFormerPredictor:
                      "device": str(self.device), "attention_backend": None}
         self.halo = int(self.model.halo)
 
-    def plan(self, shape, budget_bytes: float, gpu_memory_gb: Optional[float] = None) -> tuple[int, int]:
+    def plan(self, shape, budget_bytes: float, gpu_memory_gb: Optional[float] = None,
+             precision: str = "auto") -> tuple[int, int]:
         """The fastest ``(tile, chunk_slices)`` whose working memory fits ``budget_bytes`` of host
         memory (on CUDA: the GPU's free memory, at most ``gpu_memory_gb``, while the host's staging
         buffers fit ``budget_bytes``; :func:`~ctpore.pipelines.stream.plan_for_device`)."""
         from ctpore.pipelines.stream import plan_for_device
 
-        return plan_for_device(self.model, shape, budget_bytes, self.device, gpu_memory_gb)
+        return plan_for_device(self.model, shape, budget_bytes, self.device, gpu_memory_gb, precision)
 
     def predict(self, volume: Any, out: Any, *, budget_bytes: float, progress: ProgressFn = None,
                 chunk_slices: Optional[int] = None, tile: Optional[int] = None, precision: str = "auto") -> dict:
         from ctpore.pipelines.stream import precision_name, predict
 
         if tile is None or chunk_slices is None:
-            plan_tile, plan_chunk = self.plan(tuple(volume.shape), budget_bytes)
+            plan_tile, plan_chunk = self.plan(tuple(volume.shape), budget_bytes, precision=precision)
             tile = plan_tile if tile is None else tile
             chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
         self.model.reset_backends_ran()
