@@ -1,7 +1,7 @@
 #!/bin/sh
 # Time and peak memory of `ctpore reconstruct` with default settings on a generated 1024^3 uint16
 # scan (2 GB, uncompressed NIfTI). Run from the repository root; writes into runs/big/ (ignored).
-# Needs GNU time (/usr/bin/time). About 45 minutes on a 2-core CPU.
+# Needs GNU time (/usr/bin/time).
 set -eu
 mkdir -p runs/big
 cd runs/big

@@ -6,7 +6,8 @@ a user waits and the peak memory (resident set) the process needs. The methods r
 ``repeats`` times each after one untimed warm-up, and the medians are reported, because this
 kind of machine's speed drifts from minute to minute.
 
-- ``ctpore reconstruct`` with default settings, once per attention backend that can run here;
+- ``ctpore reconstruct`` with default settings (bf16 on a CPU with native bf16, the C window
+  kernel where it is built), and with ``--precision fp32`` (the stored model as it is);
 - MONAI's 3D U-Net as users set it up (:mod:`ctpore.pipelines.bench.references`) and the
   benchmark's trained 3D U-Net (``ctpore reconstruct --method unet3d``);
 - the filtered-Otsu pipeline users run in Fiji (``ctpore reconstruct --method otsu``).
@@ -40,8 +41,8 @@ __all__ = ["bench_speed", "gpu_section", "write_performance", "poreformer_flops_
 
 #: name -> how to run it (``{scan}`` and ``{out}`` are filled in); "ctpore" runs ``ctpore reconstruct``.
 METHODS: dict[str, list[str]] = {
-    "ctpore reconstruct (sdpa)": ["ctpore", "--attention-backend", "sdpa"],
-    "ctpore reconstruct (math)": ["ctpore", "--attention-backend", "math"],
+    "ctpore reconstruct (default)": ["ctpore"],
+    "ctpore reconstruct (fp32)": ["ctpore", "--precision", "fp32"],
     "MONAI 3D U-Net (16-32-64-128, 96^3 windows)": ["reference", "monai-unet"],
     "3D U-Net baseline (trained)": ["ctpore", "--method", "unet3d"],
     "Filtered Otsu (Fiji pipeline)": ["ctpore", "--method", "otsu"],
@@ -132,12 +133,12 @@ def _reconstruct_plan(scan: Path, memory_gb: float = 1.5) -> tuple[int, int]:
     from ctpore.data.io import load_scan
     from ctpore.models.weights import load_for_inference
     from ctpore.pipelines.budget import plan_budget
-    from ctpore.pipelines.stream import plan_streaming
+    from ctpore.pipelines.stream import plan_for_device
 
     with load_scan(scan) as s:
         shape = tuple(s.shape)
     model = load_for_inference(None, "cpu", None)[0]
-    return plan_streaming(model, shape, plan_budget(shape, memory_gb)[1])
+    return plan_for_device(model, shape, plan_budget(shape, memory_gb)[1])
 
 
 def _model_speed(model, shape, tile, chunk) -> float:
@@ -197,7 +198,9 @@ def bench_speed(
         rows[m] = {"seconds_median": sec, "voxels_per_s": nvox / sec,
                    "peak_rss_gb": statistics.median(runs[m]["peak_rss_bytes"]) / 2**30, **runs[m]}
     # Memory with default settings: the same plane with four times the slices, and a wide plane.
+    from ctpore.models import window_kernel
     from ctpore.pipelines.bench.gpu import make_test_scan
+    from ctpore.pipelines.stream import precision_name
 
     memory = []
     for extra in ((4 * shape[0], shape[1], shape[2]), (8, 1024, 1024)):
@@ -212,6 +215,7 @@ def bench_speed(
     tile, chunk = _reconstruct_plan(scan)
     flops = poreformer_flops_per_voxel(model, chunk)
     model_vps = _model_speed(model, shape, tile, chunk)
+    precision = precision_name("auto", torch.device("cpu"))
     peaks = {d: matmul_peak(d) for d in ("float32", "bfloat16")}
     res = {
         "shape": list(shape), "voxels": nvox, "repeats": repeats,
@@ -220,7 +224,7 @@ def bench_speed(
         "methods": rows,
         "memory_default": memory,
         "poreformer": {"flops_per_voxel": flops, "model_voxels_per_s": model_vps, "tile": tile, "chunk_slices": chunk,
-                       "params": model.n_params()},
+                       "params": model.n_params(), "precision": precision, "window_kernel": window_kernel.available()},
         "matmul_peak_flops": peaks,
         "peak_fraction": {d: flops["total"] * model_vps / p for d, p in peaks.items()},
     }
@@ -256,24 +260,29 @@ def write_performance(res: dict, outdir: str | Path = "docs", command: str = "ct
         lines.append(f"| {m} | {r['seconds_median']:.2f} | {r['voxels_per_s']:.3g} | {vs} | {r['peak_rss_gb']:.2f} |")
     lines += ["", "Peak memory of `ctpore reconstruct` with default settings (`--memory-gb 1.5`) on other shapes "
               "(uncompressed uint16 scans):", "", "| scan | seconds | peak memory (GB) |", "|---|---:|---:|"]
-    default = next((r for m, r in res["methods"].items() if m.startswith("ctpore reconstruct (sdpa)")), None)
+    default = next((r for m, r in res["methods"].items() if m.startswith("ctpore reconstruct (default)")), None)
     if default is not None:
         lines.append(f"| {z} x {y} x {x} (above) | {default['seconds_median']:.2f} | {default['peak_rss_gb']:.2f} |")
     for r in res.get("memory_default", []):
         lines.append(f"| {' x '.join(map(str, r['shape']))} | {r['seconds']:.2f} | {r['peak_rss_gb']:.2f} |")
     fl = pf["flops_per_voxel"]
+    prec = pf.get("precision", "fp32")
+    peak = "bfloat16" if prec == "bf16" else "float32"
+    kernel = ", attention in ctpore's C window kernel" if pf.get("window_kernel") else ""
     lines += [
         "",
         "## PoreFormer's arithmetic",
         "",
         f"{fl['total'] / 1e3:.1f} kFLOP per voxel ({fl['counted'] / 1e3:.1f} k in convolutions and matrix products, "
         f"{fl['attention'] / 1e3:.1f} k in the attention's products), {pf['params']:,} parameters. "
-        f"The model alone streams {pf['model_voxels_per_s']:.3g} voxels/s here (tile {pf['tile']}, "
-        f"{pf['chunk_slices']} slices a chunk), "
-        f"{100 * res['peak_fraction']['float32']:.0f}% of this machine's measured fp32 matrix-multiply peak "
-        f"({res['matmul_peak_flops']['float32'] / 1e9:.0f} GFLOP/s; bf16: "
-        f"{res['matmul_peak_flops']['bfloat16'] / 1e9:.0f} GFLOP/s). The rest goes to memory traffic and the "
-        "attention kernel's per-column overhead (16-slice sequences of head size 16 are small problems).",
+        f"The model alone streams {pf['model_voxels_per_s']:.3g} voxels/s here ({prec}, tile {pf['tile']}, "
+        f"{pf['chunk_slices']} slices a chunk{kernel}), "
+        f"{100 * res['peak_fraction'][peak]:.0f}% of this machine's measured {prec} matrix-multiply peak "
+        f"({res['matmul_peak_flops'][peak] / 1e9:.0f} GFLOP/s; fp32: "
+        f"{res['matmul_peak_flops']['float32'] / 1e9:.0f} GFLOP/s, bf16: "
+        f"{res['matmul_peak_flops']['bfloat16'] / 1e9:.0f} GFLOP/s). The rest goes to memory traffic: "
+        "layouts changed between the in-plane convolutions and the per-column attention, norms, "
+        "upsampling.",
     ]
     gpu = outdir / "gpu.json"
     lines += ["", "## On a GPU", ""]
