@@ -45,15 +45,16 @@ def folded_head(tok: torch.Tensor, a: torch.Tensor, w_t: torch.Tensor, w_a: torc
     """``tok @ w_t + a @ w_a + bias`` (``(N, 1)``) in the weights' dtype, autocast or not.
 
     Tokens in the weights' dtype (fp32 inference) take one ``addmm`` and one in-place ``addmm_``;
-    on CPU, bf16 tokens (the bf16 copy of the model) take the same two products in bf16 (the logit
-    rounded to bf16); elsewhere (CUDA autocast) half-precision tokens are widened
+    on CPU, bf16 tokens of the bf16 copy of the model (no autocast) take the same two products in
+    bf16 (the logit rounded to bf16); under autocast half-precision tokens are widened
     ``_HEAD_ROWS`` rows at a time, so the logits are computed in fp32 without an fp32 copy of the
     whole band.
     """
+    copy = tok.device.type == "cpu" and not torch.is_autocast_enabled("cpu")  # the bf16 copy, not autocast
     with no_autocast(tok.device.type):
         if tok.dtype == w_t.dtype and a.dtype == w_a.dtype:
             return torch.addmm(bias, tok, w_t).addmm_(a, w_a)
-        if tok.device.type == "cpu" and tok.dtype == a.dtype:
+        if copy and tok.dtype == a.dtype:
             # bf16 weights on CPU: the products in the tokens' dtype (oneDNN accumulates each in
             # fp32; the logit is rounded to bf16 after each of the two); widening the tokens cost
             # more than the rest of the full-resolution products together.
