@@ -189,36 +189,24 @@ static float *alloc_scratch(int64_t Zk, int64_t Hkv, int64_t W) {
     return (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * Hkv * D * (Zk + L - 1) + 16));
 }
 
-#define ARGS q, k, v, out, n0, n1, Zq, Zk, H, Hkv, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch
-
-/* Head size 16, a window of 1..32 slices, H a multiple of Hkv (the caller checks). Returns 0,
- * or -1 when the scratch memory could not be allocated. */
-EXPORT int ctpore_winattn_f32(const float *q, const float *k, const float *v, float *out, int64_t n0, int64_t n1,
-                              int64_t Zq, int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale, int64_t q_sn,
-                              int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {
-    float *scratch = alloc_scratch(Zk, Hkv, W);
-    if (!scratch) return -1;
-    switch ((W + 7) / 8) {
-        case 1: run_f32_1(ARGS); break;
-        case 2: run_f32_2(ARGS); break;
-        case 3: run_f32_3(ARGS); break;
-        default: run_f32_4(ARGS); break;
+/* One exported entry per storage type: head size 16, a window of 1..32 slices, H a multiple of
+ * Hkv (the caller checks). Returns 0, or -1 when the scratch memory could not be allocated. */
+#define RUN_ARGS q, k, v, out, n0, n1, Zq, Zk, H, Hkv, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch
+#define DEFINE_EXPORT(NAME, T, RUN)                                                                \
+    EXPORT int NAME(const T *q, const T *k, const T *v, T *out, int64_t n0, int64_t n1, int64_t Zq,  \
+                    int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale, int64_t q_sn,      \
+                    int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {        \
+        float *scratch = alloc_scratch(Zk, Hkv, W);                                                \
+        if (!scratch) return -1;                                                                   \
+        switch ((W + 7) / 8) {                                                                     \
+            case 1: RUN##_1(RUN_ARGS); break;                                                      \
+            case 2: RUN##_2(RUN_ARGS); break;                                                      \
+            case 3: RUN##_3(RUN_ARGS); break;                                                      \
+            default: RUN##_4(RUN_ARGS); break;                                                     \
+        }                                                                                          \
+        free(scratch);                                                                             \
+        return 0;                                                                                  \
     }
-    free(scratch);
-    return 0;
-}
 
-EXPORT int ctpore_winattn_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t n0,
-                               int64_t n1, int64_t Zq, int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale,
-                               int64_t q_sn, int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {
-    float *scratch = alloc_scratch(Zk, Hkv, W);
-    if (!scratch) return -1;
-    switch ((W + 7) / 8) {
-        case 1: run_bf16_1(ARGS); break;
-        case 2: run_bf16_2(ARGS); break;
-        case 3: run_bf16_3(ARGS); break;
-        default: run_bf16_4(ARGS); break;
-    }
-    free(scratch);
-    return 0;
-}
+DEFINE_EXPORT(ctpore_winattn_f32, float, run_f32)
+DEFINE_EXPORT(ctpore_winattn_bf16, uint16_t, run_bf16)

@@ -31,7 +31,7 @@ Precision and device
 FlashAttention kernels, which take only half precision, are what runs. On a CPU that multiplies
 bf16 in hardware (AVX512-BF16, AMX) it runs a bf16 copy of the model (:func:`cpu_weights_dtype`):
 the in-plane convolutions and the projections are the most of its arithmetic, and bf16 products
-run several times faster there; the stem and the head stay fp32. Elsewhere, and with
+run several times faster there; the stem and the z-position maps stay fp32. Elsewhere, and with
 ``precision="fp32"``, the stored model runs as it is.
 Every CUDA call acts on the device asked for (``cuda:1`` never touches ``cuda:0``). The GPU is
 kept busy between chunks by :mod:`ctpore.pipelines.staging` (read-ahead, pinned buffers,
@@ -163,8 +163,8 @@ def plan_for_device(model: Any, shape: tuple[int, int, int], host_budget: float,
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type != "cuda":
-        half = cpu_weights_dtype(precision, dev) is not None and hasattr(model, "with_weights_in")
-        return plan_streaming(model, shape, host_budget, dtype_bytes=2 if half else 4)
+        half = _bf16_copy(model, precision, dev)
+        return plan_streaming(model, shape, host_budget, dtype_bytes=4 if half is None else half.itemsize)
     if gpu_memory_gb is not None and gpu_memory_gb <= 0:
         raise InputError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb}")
     return plan_streaming(model, shape, gpu_budget(dev, gpu_memory_gb), device=dev, host_budget_bytes=host_budget)
@@ -309,6 +309,13 @@ def cpu_weights_dtype(precision: str, dev: torch.device) -> torch.dtype | None:
     return None
 
 
+def _bf16_copy(model: Any, precision: str, dev: torch.device) -> torch.dtype | None:
+    """The dtype of the copy of ``model`` that ``precision`` runs on ``dev`` (None: the model itself).
+    A model without :meth:`~ctpore.models.PoreFormer.with_weights_in` runs under autocast instead."""
+    half = cpu_weights_dtype(precision, dev)
+    return half if half is not None and hasattr(model, "with_weights_in") else None
+
+
 def precision_name(precision: str, dev: torch.device) -> str:
     """What ``precision`` runs as on ``dev``: ``fp32``, ``bf16`` or ``fp16`` (recorded in the metrics)."""
     dtype = cpu_weights_dtype(precision, dev) or autocast_dtype(precision, dev)
@@ -427,13 +434,10 @@ def predict(
     dtype = params[0].dtype if params else torch.float32  # of the input: the stem stays fp32
     if params and params[0].device != dev:
         model.to(dev)
-    half = cpu_weights_dtype(precision, dev)
-    net = model
-    if half is not None:
-        if hasattr(model, "with_weights_in"):
-            net = model.with_weights_in(half)
-        else:  # a model without a bf16 copy of its own runs under autocast, as asked
-            amp = half
+    half = _bf16_copy(model, precision, dev)
+    net = model if half is None else model.with_weights_in(half)
+    if half is None and cpu_weights_dtype(precision, dev) is not None:
+        amp = cpu_weights_dtype(precision, dev)  # no copy of its own: bf16 under autocast, as asked
     halo = int(getattr(model, "halo", 0))
     token_halo = int(getattr(model, "token_halo", halo))  # tokens needed around a core
     align = int(getattr(model, "align", 1))  # windows start on the model's pooling grid

@@ -63,3 +63,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def no_window_kernel(monkeypatch):
+    """ctpore's C attention kernel turned off (``CTPORE_WINDOW_KERNEL=0``, read by child processes
+    too): PyTorch's kernels run, as where the kernel is not built."""
+    from ctpore.models import window_kernel
+
+    monkeypatch.setenv("CTPORE_WINDOW_KERNEL", "0")
+    window_kernel._library.cache_clear()
+    yield
+    monkeypatch.delenv("CTPORE_WINDOW_KERNEL")
+    window_kernel._library.cache_clear()

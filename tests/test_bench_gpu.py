@@ -95,21 +95,10 @@ def test_without_cuda_the_bench_is_a_usage_error(tmp_path):
     assert not (tmp_path / "gpu.json").exists()
 
 
-@pytest.fixture
-def without_window_kernel(monkeypatch):
-    """The checks compare PyTorch's kernels (sdpa, flash, math); on CPU ctpore's C window kernel
-    would take the sdpa calls of the full-resolution attention (it never runs on CUDA)."""
-    from ctpore.models import window_kernel
-
-    monkeypatch.setenv("CTPORE_WINDOW_KERNEL", "0")  # children read it too
-    window_kernel._library.cache_clear()
-    yield
-    monkeypatch.delenv("CTPORE_WINDOW_KERNEL")
-    window_kernel._library.cache_clear()
-
-
-def test_the_gpu_checks_run_here_on_cpu_and_measure_what_they_say(capsys, without_window_kernel):
-    """Each check also runs on CPU, so its code is exercised before it first meets a GPU."""
+def test_the_gpu_checks_run_here_on_cpu_and_measure_what_they_say(capsys, no_window_kernel):
+    """Each check also runs on CPU, so its code is exercised before it first meets a GPU. The checks
+    compare PyTorch's kernels (sdpa, flash, math), so ctpore's CPU-only C kernel is off (it never
+    runs on CUDA)."""
     from ctpore.pipelines import gpu_checks as C
     from ctpore.pipelines.stream import precision_name
 
@@ -142,7 +131,7 @@ def test_the_gpu_checks_run_here_on_cpu_and_measure_what_they_say(capsys, withou
     assert f"inside the model: {s['ran']} (profiler)" in text and "did not finish" not in text
 
 
-def test_the_reconstruct_step_reports_the_whole_process(tmp_path, without_window_kernel):
+def test_the_reconstruct_step_reports_the_whole_process(tmp_path, no_window_kernel):
     """The step's command and its figures, run here on CPU (the bench runs it with --device cuda)."""
     shape = [8, 40, 40]
     scan = G.make_test_scan(tmp_path / "scan_8x40x40.nii", tuple(shape))

@@ -91,16 +91,10 @@ def test_kernel_reads_strided_keys_and_declines_what_it_is_not_for():
         assert window_kernel.window_attention(q.requires_grad_(), k, v, 4) is None  # training: SDPA
 
 
-def test_kernel_turned_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv("CTPORE_WINDOW_KERNEL", "0")
-    window_kernel._library.cache_clear()
-    try:
-        assert not window_kernel.available()
-        k, v = torch.randn(2, 4, 4, 1, 16)
-        assert window_kernel.window_attention(torch.randn(4, 4, 4, 16), k, v, 4) is None
-    finally:
-        monkeypatch.delenv("CTPORE_WINDOW_KERNEL")
-        window_kernel._library.cache_clear()
+def test_kernel_turned_off_by_the_environment(no_window_kernel):
+    assert not window_kernel.available()
+    k, v = torch.randn(2, 4, 4, 1, 16)
+    assert window_kernel.window_attention(torch.randn(4, 4, 4, 16), k, v, 4) is None
 
 
 @needs_kernel
