@@ -221,3 +221,33 @@ def test_a_checkpoint_written_before_zoom_max_existed_still_resumes(tmp_path):
     resumed = train(cfg, tmp_path / "old")
     for k, v in _weights(full.model).items():
         assert torch.equal(v, _weights(resumed.model)[k]), k
+
+
+def test_warm_start_begins_from_the_given_weights_and_counts_their_budget(tmp_path, monkeypatch):
+    """A run with ``init_weights`` starts from that file's network (its first update is the same as
+    one more step of a model holding those weights) and its export counts both stages' steps."""
+    import json
+
+    from ctpore.models.weights import read_metadata
+    from ctpore.pipelines import train as T
+
+    monkeypatch.setattr(T.export, "POSTPROCESSING_SCANS", 2)
+    first = train(config_from_dict({**TINY, "steps": 2}), tmp_path / "first")
+    init = export_weights(first, tmp_path / "first.safetensors")
+    cont = config_from_dict({**TINY, "steps": 3, "init_weights": str(init)})
+    before = train(cont, tmp_path / "zero", stop_after=0)  # loads, takes no step
+    for k, v in _weights(first.model).items():
+        assert torch.equal(before.model.state_dict()[k], v), k
+    res = train(cont, tmp_path / "cont")
+    assert any(not torch.equal(res.model.state_dict()[k], v) for k, v in _weights(first.model).items())
+    meta = read_metadata(export_weights(res, tmp_path / "cont.safetensors"))
+    assert int(meta["steps"]) == 2 + 3
+    rec = json.loads(meta["init_weights"])
+    assert rec["steps"] == 2 and rec["file"] == "first.safetensors" and len(rec["sha256"]) == 64
+    # resuming the continued run keeps its record; another network or a missing file is refused
+    assert T.loop.init_record(train(cont, tmp_path / "cont").history)["sha256"] == rec["sha256"]
+    other = {**TINY, "model_config": {**TINY["model_config"], "d_model": 8}, "init_weights": str(init)}
+    with pytest.raises(InputError, match="different network"):
+        train(config_from_dict(other), tmp_path / "other")
+    with pytest.raises(InputError, match="no such weights file"):
+        train(config_from_dict({**TINY, "init_weights": str(tmp_path / "nope.safetensors")}), tmp_path / "x")

@@ -64,7 +64,9 @@ def _training(path: Path) -> dict:
     """Steps, batch size, crop, training seconds and speck size stored in a weights file."""
     meta = read_metadata(path)
     cfg = json.loads(meta.get("train_config", "{}"))
+    init = json.loads(meta.get("init_weights", "null") or "null")
     return {"steps": int(meta.get("steps", cfg.get("steps", 0))), "batch_size": cfg.get("batch_size"),
+            "init_steps": int(init["steps"]) if init else 0,
             "crop": cfg.get("data", {}).get("crop"), "train_seconds": float(meta.get("train_seconds", "nan")),
             "threads": cfg.get("threads"), "min_size": int(meta.get("min_size", 0)),
             "confidence": None if meta.get("confidence") in (None, "", "None") else float(meta["confidence"])}

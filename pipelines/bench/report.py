@@ -104,7 +104,9 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
             crop = " × ".join(str(c) for c in v["crop"]) if v.get("crop") else "?"
             post = [f"confidence {v['confidence']:g}" if v.get("confidence") is not None else "",
                     f"specks under {v['min_size']} voxels" if v.get("min_size", 0) > 1 else ""]
-            lines.append(f"| {LABELS[m]} | {v['steps']} | {v['batch_size']} | {crop} | {v['train_seconds']:.0f} | "
+            steps = (f"{v['steps']} ({v['init_steps']} + {v['steps'] - v['init_steps']} continued)"
+                     if v.get("init_steps") else f"{v['steps']}")
+            lines.append(f"| {LABELS[m]} | {steps} | {v['batch_size']} | {crop} | {v['train_seconds']:.0f} | "
                          f"{v['threads']} | {', '.join(p for p in post if p) or 'threshold only'} |")
     if all("calibration_ece" in v for v in s.values()):
         lines += ["", "## Can the probabilities be trusted?", "",

@@ -19,6 +19,7 @@ from ctpore.pipelines.train.batches import MAX_Z0, Pool, labelled_pool, make_bat
 from ctpore.pipelines.train.config import (
     DATA_KEYS_ADDED,
     LOSS_KEYS_ADDED,
+    TRAIN_KEYS_ADDED,
     DataConfig,
     LossConfig,
     TrainConfig,
@@ -49,6 +50,7 @@ __all__ = [
     "simulated_pool",
     "DATA_KEYS_ADDED",
     "LOSS_KEYS_ADDED",
+    "TRAIN_KEYS_ADDED",
     "DataConfig",
     "LossConfig",
     "TrainConfig",

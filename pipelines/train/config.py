@@ -28,6 +28,7 @@ __all__ = [
     "TrainConfig",
     "DATA_KEYS_ADDED",
     "LOSS_KEYS_ADDED",
+    "TRAIN_KEYS_ADDED",
     "load_train_config",
     "config_from_dict",
     "config_to_dict",
@@ -58,6 +59,9 @@ DATA_KEYS_ADDED = {"context": 0, "zoom_max": 1.0, "small_pores": 0.0, "throat_cr
 #: "the same loss as before".
 LOSS_KEYS_ADDED = {"skeleton_recall": 0.0}
 
+#: TrainConfig keys added after checkpoints were first written, at the value that means "as before".
+TRAIN_KEYS_ADDED = {"init_weights": ""}
+
 
 @dataclass
 class LossConfig:
@@ -87,6 +91,8 @@ class TrainConfig:
     amp: bool = True                 # mixed precision (bf16) on CUDA; ignored on CPU
     threshold: float = 0.5           # probability threshold shipped with the weights
     min_size: int = 0                # speck removal (voxels) shipped with the weights
+    init_weights: str = ""           # weights file (safetensors) whose network starts the run ("" = fresh);
+                                     # its steps and seconds count in the exported budget
 
 
 def _from_dict(cls, d: dict):
@@ -154,6 +160,9 @@ def config_from_dict(raw: dict, path=None) -> TrainConfig:
             raise InputError(f"loss.skeleton_recall must be a weight >= 0, got {loss.skeleton_recall!r}")
     except InputError as exc:
         raise InputError(exc.message, path=path) from None
+    if not isinstance(cfg.init_weights, str):
+        raise InputError(f"init_weights must be a path to a weights file (or empty), got {cfg.init_weights!r}",
+                         path=path)
     check_config_seeds(data.seed, data.n_train, data.n_val, path)  # before any scan is simulated
     from ctpore.pipelines.methods import trainable_names
 

@@ -24,7 +24,7 @@ from ctpore.data.postprocess import Postprocessing
 from ctpore.models.weights import load_network, read_metadata, save_weights
 from ctpore.pipelines.train.batches import Pool, simulated_pool
 from ctpore.pipelines.train.config import DataConfig, config_from_dict, config_to_dict, data_config_hash
-from ctpore.pipelines.train.loop import TrainResult, predict_full
+from ctpore.pipelines.train.loop import TrainResult, init_record, predict_full
 from ctpore.progress import ProgressFn
 
 __all__ = ["CONFIDENCES", "POSTPROCESSING_SCANS", "postprocessing_pool", "select_postprocessing",
@@ -111,16 +111,20 @@ def export_weights(result: TrainResult, path: Union[str, os.PathLike], name: Opt
         post = select_postprocessing(result.model, postprocessing_pool(cfg.data, progress), device, cfg.threshold)
     else:
         post = {"postprocessing": Postprocessing(threshold=cfg.threshold, min_size=cfg.min_size), "table": []}
+    init = init_record(result.history)
     meta = {
         "name": name,
         **post["postprocessing"].to_metadata(),
         "postprocessing_validation": json.dumps(post["table"]),
         "data_config_sha256": data_config_hash(cfg),
         "train_config": json.dumps(config_to_dict(cfg)),
-        "steps": str(result.steps),
-        "train_seconds": f"{result.seconds:.0f}",
+        # A warm-started run's budget counts the steps and seconds that made its starting weights.
+        "steps": str(result.steps + (init["steps"] if init else 0)),
+        "train_seconds": f"{result.seconds + (init['train_seconds'] if init else 0.0):.0f}",
         "final_validation": json.dumps(result.history[-1] if result.history else {}),
     }
+    if init:
+        meta["init_weights"] = json.dumps(init)
     save_weights(result.model, path, metadata=meta)
     if progress is not None:
         progress(1, 1, "choosing post-processing on validation scans")

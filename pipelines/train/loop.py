@@ -28,20 +28,54 @@ from ctpore.errors import InputError, NonFiniteError
 from ctpore.models.attention import attention_entropy as head_entropy
 from ctpore.models.losses import loss_terms, total_loss
 from ctpore.models.poreformer import PoreFormer
-from ctpore.models.weights import load_checkpoint, save_checkpoint
+from ctpore.models.weights import load_checkpoint, load_network, read_metadata, save_checkpoint, sha256_file
 from ctpore.pipelines.methods import get_method
 from ctpore.pipelines.train.batches import (Pool, add_topology_targets, labelled_pool, make_augmenter, make_batch,
                                             simulated_pool)
-from ctpore.pipelines.train.config import DATA_KEYS_ADDED, LOSS_KEYS_ADDED, TrainConfig, config_to_dict
+from ctpore.pipelines.train.config import (DATA_KEYS_ADDED, LOSS_KEYS_ADDED, TRAIN_KEYS_ADDED, TrainConfig,
+                                          config_to_dict)
 from ctpore.progress import ProgressFn
 
-__all__ = ["build_model", "predict_full", "attention_entropy", "validate", "TrainResult", "lr_at", "train"]
+__all__ = ["build_model", "start_from", "init_record", "predict_full", "attention_entropy", "validate",
+           "TrainResult", "lr_at", "train"]
 
 
 def build_model(cfg: TrainConfig) -> nn.Module:
     """The network a config names, freshly initialised (seeded by ``cfg.seed``)."""
     torch.manual_seed(cfg.seed)
     return get_method(cfg.model).network(dict(cfg.model_config))
+
+
+def start_from(model: nn.Module, cfg: TrainConfig) -> dict:
+    """Load the network of ``cfg.init_weights`` into ``model`` (a warm start); returns its provenance.
+
+    The file must hold the same network (same kind, same tensor shapes): a warm start continues a
+    model, it does not convert one. Returns ``{"init_weights": {"file", "sha256", "steps",
+    "train_seconds", "data_config_sha256"}}``, the record the run keeps in its history so that the
+    exported budget counts the steps and seconds that made the starting weights.
+    """
+    path = Path(cfg.init_weights)
+    if not path.is_file():
+        raise InputError("init_weights: no such weights file (give a .safetensors file ctpore wrote)", path=path)
+    start = load_network(path)
+    want, got = model.state_dict(), start.state_dict()
+    if type(start) is not type(model) or {k: tuple(v.shape) for k, v in want.items()} != {
+            k: tuple(v.shape) for k, v in got.items()}:
+        raise InputError(f"init_weights holds a different network than model '{cfg.model}' with this "
+                         "model_config; start from weights of the same model", path=path)
+    model.load_state_dict(got, strict=True)
+    meta = read_metadata(path)
+    return {"init_weights": {"file": path.name, "sha256": sha256_file(path), "steps": int(meta.get("steps", 0)),
+                             "train_seconds": float(meta.get("train_seconds", 0.0)),
+                             "data_config_sha256": meta.get("data_config_sha256", "")}}
+
+
+def init_record(history: list) -> Optional[dict]:
+    """The warm start's provenance kept in a run's history (:func:`start_from`), or None."""
+    for rec in history:
+        if "init_weights" in rec:
+            return rec["init_weights"]
+    return None
 
 
 def check_finite(step: int, **tensors: torch.Tensor) -> None:
@@ -140,6 +174,9 @@ def train(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dev = torch.device(device)
+    if cfg.init_weights and not Path(cfg.init_weights).is_file():  # before minutes of simulation
+        raise InputError("init_weights: no such weights file (give a .safetensors file ctpore wrote)",
+                         path=cfg.init_weights)
     if images_dir is not None or labels_dir is not None:
         if images_dir is None or labels_dir is None:
             raise InputError("give both --images and --labels")
@@ -165,12 +202,14 @@ def train(
     start = 0
     if resume and ckpt.exists():
         start, history, saved_cfg = load_checkpoint(ckpt, model, opt)
-        saved_cfg = {**saved_cfg, "data": {**DATA_KEYS_ADDED, **saved_cfg.get("data", {})},
+        saved_cfg = {**TRAIN_KEYS_ADDED, **saved_cfg, "data": {**DATA_KEYS_ADDED, **saved_cfg.get("data", {})},
                      "loss": {**LOSS_KEYS_ADDED, **saved_cfg.get("loss", {})}}
         # ``threads`` is how the run is executed, not what it computes: it may change on resume.
         if {**saved_cfg, "threads": 0} != {**config_to_dict(cfg), "threads": 0}:
             raise InputError("this run folder holds a checkpoint of a different config; use another "
                              "--run-dir or --no-resume", path=ckpt)
+    elif cfg.init_weights:
+        history.append({"step": 0, **start_from(model, cfg)})
     augment = make_augmenter(skeletons=need_skeletons) if cfg.data.augment else None
     use_amp = cfg.amp and dev.type == "cuda"
 
