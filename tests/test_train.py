@@ -147,32 +147,44 @@ def test_training_with_context_runs_and_is_deterministic(tmp_path, model):
 
 @pytest.mark.parametrize("name, config", [("poreformer", "train"), ("unet2d", "train_unet2d"),
                                           ("unet3d", "train_unet3d")])
-def test_shipped_weights_were_trained_by_the_config_in_configs(name, config):
-    """The README's training commands are what made the shipped weights: same config, same data."""
+def test_shipped_weights_were_trained_by_the_configs_in_configs(name, config):
+    """The README's training commands are what made the shipped weights: the first stage's config,
+    then the second stage's (``<config>_continued.yaml``, warm-started from the first stage's export);
+    the same data, and the budget of both stages in the file."""
     import json
     from pathlib import Path
 
     from ctpore.models.weights import read_metadata
-    from ctpore.pipelines.train import (DATA_KEYS_ADDED, LOSS_KEYS_ADDED, config_to_dict, data_config_hash,
-                                        load_train_config)
+    from ctpore.pipelines.train import (DATA_KEYS_ADDED, LOSS_KEYS_ADDED, TRAIN_KEYS_ADDED, config_to_dict,
+                                        data_config_hash, load_train_config)
 
     root = Path(__file__).resolve().parent.parent
     weights = root / "models" / "weights" / f"{name}.safetensors"
     if not weights.exists():
         pytest.skip(f"no shipped {name} weights")
     meta = read_metadata(weights)
-    cfg = load_train_config(root / "configs" / f"{config}.yaml")
-    stored = json.loads(meta["train_config"])
+    first = load_train_config(root / "configs" / f"{config}.yaml")
+    second = load_train_config(root / "configs" / f"{config}_continued.yaml")
+    stored = {**TRAIN_KEYS_ADDED, **json.loads(meta["train_config"])}
     stored["data"] = {**DATA_KEYS_ADDED, **stored["data"]}  # keys added after it was written
     stored["loss"] = {**LOSS_KEYS_ADDED, **stored["loss"]}
-    assert stored == config_to_dict(cfg)
-    assert meta["data_config_sha256"] == data_config_hash(cfg)
-    assert int(meta["steps"]) == cfg.steps
+    # the starting file is named by where the run found it; its record says what it was
+    want = config_to_dict(second)
+    assert Path(stored.pop("init_weights")).name == Path(want.pop("init_weights")).name == f"{name}.safetensors"
+    assert stored == want
+    assert meta["data_config_sha256"] == data_config_hash(second)
+    init = json.loads(meta["init_weights"])
+    assert init["steps"] == first.steps and init["data_config_sha256"] == data_config_hash(first)
+    assert int(meta["steps"]) == first.steps + second.steps
+    # the second stage changes only the data's size and the start: the first 192 volumes are the same
+    assert {**config_to_dict(first), "data": None, "init_weights": None} == \
+        {**config_to_dict(second), "data": None, "init_weights": None}
+    assert {**config_to_dict(first)["data"], "n_train": None} == {**config_to_dict(second)["data"], "n_train": None}
     # its post-processing and calibration were chosen on the validation seed range, so they ship
     from ctpore.models.weights import read_postprocessing
 
     cal = read_postprocessing(weights, meta).calibration
-    assert cal is not None and sum(cal["n"]) >= 48 * cfg.data.volume_size**3
+    assert cal is not None and sum(cal["n"]) >= 48 * second.data.volume_size**3
     assert all(b >= a for a, b in zip(cal["y"], cal["y"][1:]))
 
 
