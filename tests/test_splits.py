@@ -218,7 +218,7 @@ def test_documented_bench_seeds_lie_in_the_held_out_ranges_no_config_reaches():
     assert splits.bench_range(10**12, 8).within(splits.BENCHMARK)
     for base in (2_000_100, 2_300_100):
         assert splits.bench_range(base, 40).within(splits.FURTHER)
-    for name in list(SHIPPED) + [f"{n}_continued" for n in SHIPPED]:  # both training stages
+    for name in [f"{n}{stage}" for n in SHIPPED for stage in ("", "_continued", "_stage3")]:  # every training stage
         cfg = load_train_config(ROOT / "configs" / f"{name}.yaml")
         for r in splits.config_ranges(cfg.data.seed, cfg.data.n_train, cfg.data.n_val):
             assert not r.overlaps(splits.FURTHER) and not r.overlaps(splits.BENCHMARK)

@@ -149,8 +149,8 @@ def test_training_with_context_runs_and_is_deterministic(tmp_path, model):
                                           ("unet3d", "train_unet3d")])
 def test_shipped_weights_were_trained_by_the_configs_in_configs(name, config):
     """The README's training commands are what made the shipped weights: the first stage's config,
-    then the second stage's (``<config>_continued.yaml``, warm-started from the first stage's export);
-    the same data, and the budget of both stages in the file."""
+    then the second's (``<config>_continued.yaml``) and the third's (``<config>_stage3.yaml``), each
+    warm-started from the stage before's export; the same data, and the budget of all stages in the file."""
     import json
     from pathlib import Path
 
@@ -163,28 +163,35 @@ def test_shipped_weights_were_trained_by_the_configs_in_configs(name, config):
     if not weights.exists():
         pytest.skip(f"no shipped {name} weights")
     meta = read_metadata(weights)
-    first = load_train_config(root / "configs" / f"{config}.yaml")
-    second = load_train_config(root / "configs" / f"{config}_continued.yaml")
+    stages = [load_train_config(root / "configs" / f"{config}{suffix}.yaml")
+              for suffix in ("", "_continued", "_stage3")]
+    last = stages[-1]
     stored = {**TRAIN_KEYS_ADDED, **json.loads(meta["train_config"])}
     stored["data"] = {**DATA_KEYS_ADDED, **stored["data"]}  # keys added after it was written
     stored["loss"] = {**LOSS_KEYS_ADDED, **stored["loss"]}
     # the starting file is named by where the run found it; its record says what it was
-    want = config_to_dict(second)
+    want = config_to_dict(last)
     assert Path(stored.pop("init_weights")).name == Path(want.pop("init_weights")).name == f"{name}.safetensors"
     assert stored == want
-    assert meta["data_config_sha256"] == data_config_hash(second)
+    assert meta["data_config_sha256"] == data_config_hash(last)
+    # the file it started from is the second stage's export, which counted the first stage's steps
     init = json.loads(meta["init_weights"])
-    assert init["steps"] == first.steps and init["data_config_sha256"] == data_config_hash(first)
-    assert int(meta["steps"]) == first.steps + second.steps
-    # the second stage changes only the data's size and the start: the first 192 volumes are the same
-    assert {**config_to_dict(first), "data": None, "init_weights": None} == \
-        {**config_to_dict(second), "data": None, "init_weights": None}
-    assert {**config_to_dict(first)["data"], "n_train": None} == {**config_to_dict(second)["data"], "n_train": None}
+    assert init["data_config_sha256"] == data_config_hash(stages[1])
+    assert init["steps"] == stages[0].steps + stages[1].steps
+    assert int(meta["steps"]) == sum(s.steps for s in stages)
+    assert float(meta["train_seconds"]) > init["train_seconds"] > 0
+    # every later stage changes only the data's size and the start: the earlier volumes are the same
+    for a, b in zip(stages, stages[1:]):
+        assert {**config_to_dict(a), "data": None, "init_weights": None} == \
+            {**config_to_dict(b), "data": None, "init_weights": None}
+        assert {**config_to_dict(a)["data"], "n_train": None} == {**config_to_dict(b)["data"], "n_train": None}
+        assert b.data.n_train > a.data.n_train
+        assert Path(b.init_weights).name == f"{name}.safetensors"
     # its post-processing and calibration were chosen on the validation seed range, so they ship
     from ctpore.models.weights import read_postprocessing
 
     cal = read_postprocessing(weights, meta).calibration
-    assert cal is not None and sum(cal["n"]) >= 48 * second.data.volume_size**3
+    assert cal is not None and sum(cal["n"]) >= 48 * last.data.volume_size**3
     assert all(b >= a for a, b in zip(cal["y"], cal["y"][1:]))
 
 
