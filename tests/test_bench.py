@@ -75,6 +75,20 @@ def test_weights_dir_is_used_and_a_missing_file_is_named(tmp_path):
     meta = read_metadata(tmp_path / "unet2d.safetensors")
     assert runner.training["unet2d"]["steps"] == int(meta["steps"])
     assert runner.training["unet2d"]["batch_size"] == json.loads(meta["train_config"])["batch_size"]
+    assert runner.training["unet2d"]["threshold"] == float(meta["threshold"])
+
+
+def test_the_training_table_names_a_threshold_other_than_one_half(tmp_path):
+    res = bench_quality(n_sim=1, size=20, methods=("otsu",))
+    common = {"steps": 10, "init_steps": 0, "batch_size": 2, "crop": [8, 8, 8], "train_seconds": 1.0,
+              "threads": 1, "min_size": 0}
+    res["training"] = {"unet2d": {**common, "threshold": 0.5, "confidence": 0.98},
+                       "poreformer": {**common, "threshold": 0.4, "confidence": 0.8}}
+    write_report(res, tmp_path, command="test")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in (tmp_path / "benchmark.md").read_text().splitlines()
+            if line.startswith("| ") and "| 10 |" in line}
+    assert rows["PoreFormer"].endswith("| threshold 0.4, confidence 0.8 |")
+    assert rows["2D U-Net, slice by slice (MONAI)"].endswith("| confidence 0.98 |")
 
 
 def test_seed_base_moves_the_simulated_cases(tmp_path):

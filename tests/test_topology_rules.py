@@ -112,3 +112,56 @@ def test_small_true_pores_the_shipped_model_sees_survive_its_postprocessing():
     assert np.all(kept[seen]), f"{int((seen & ~kept).sum())} of {int(seen.sum())} seen true pores were removed"
     by_size = Postprocessing(threshold=post.threshold, min_size=32).apply(raw)[0]
     assert (ndi.maximum(by_size, lab, idx)[small] > 0).mean() < 0.5
+
+
+def test_a_lower_threshold_chosen_on_validation_reopens_a_throat_the_model_is_unsure_of():
+    """Two pores joined by a throat the model gives 0.42: at the fixed threshold 0.5 the pore phase
+    splits (b0 2 for a true 1); with the threshold grid the choice falls on one that keeps the
+    throat, because it lowers the topology score without costing Dice."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ctpore.pipelines.train.export import select_postprocessing
+
+    truth = np.zeros((12, 16, 32), np.uint8)
+    truth[3:9, 4:12, 2:12] = 1
+    truth[3:9, 4:12, 20:30] = 1
+    truth[5:7, 7:9, 12:20] = 1  # the throat
+    prob = np.where(truth, 0.995, 0.005).astype(np.float32)
+    prob[5:7, 7:9, 12:20] = 0.42
+    pool = SimpleNamespace(truths=[truth])
+    model = torch.nn.Identity()
+
+    fixed = select_postprocessing(model, pool, probs=[prob], thresholds=(0.5,))
+    assert fixed["postprocessing"].threshold == 0.5
+    assert {r["threshold"] for r in fixed["table"]} == {0.5}
+    pores, _ = fixed["postprocessing"].apply(prob)
+    assert betti_numbers(pores)[0] == 2 and betti_numbers(truth)[0] == 1
+
+    grid = select_postprocessing(model, pool, probs=[prob], thresholds=(0.35, 0.4, 0.45, 0.5, 0.55, 0.6))
+    chosen = grid["postprocessing"]
+    assert chosen.threshold == 0.4
+    pores, _ = chosen.apply(prob)
+    assert (pores == truth).all()
+    # every confidence below a threshold is left out (it would keep every component)
+    assert all(r["confidence"] is None or r["confidence"] >= r["threshold"] for r in grid["table"])
+
+
+def test_the_choice_never_gives_up_more_dice_than_the_slack_for_topology():
+    from ctpore.pipelines.train.export import DICE_SLACK, choose_candidate
+
+    def row(t, conf, score, dice, mse=0.01):
+        return {"threshold": t, "confidence": conf, "topology_score": score, "dice": dice, "mse": mse}
+
+    base = row(0.5, 0.9, 1.0, 0.90)
+    cheap = row(0.4, 0.9, 0.5, 0.90 - 2 * DICE_SLACK)  # better topology, but fatter pores
+    fair = row(0.45, 0.9, 0.8, 0.90 - DICE_SLACK / 2)
+    assert choose_candidate([base, cheap]) is base
+    assert choose_candidate([base, cheap, fair]) is fair
+    # with one threshold: the lowest score, ties by MSE (the rule before the grid)
+    a, b = row(0.5, 0.8, 1.0, 0.9, mse=0.02), row(0.5, 0.9, 1.0, 0.8, mse=0.01)
+    assert choose_candidate([a, b]) is b
+    # equal score and MSE: the threshold nearest the configured one
+    assert choose_candidate([row(0.45, None, 1.0, 0.9), row(0.55, None, 1.0, 0.9), row(0.5, None, 1.0, 0.9)],
+                            0.5)["threshold"] == 0.5

@@ -61,7 +61,7 @@ def _about(path) -> str:
 
 
 def _training(path: Path) -> dict:
-    """Steps, batch size, crop, training seconds and speck size stored in a weights file."""
+    """Steps, batch size, crop, training seconds and post-processing stored in a weights file."""
     meta = read_metadata(path)
     cfg = json.loads(meta.get("train_config", "{}"))
     init = json.loads(meta.get("init_weights", "null") or "null")
@@ -69,6 +69,7 @@ def _training(path: Path) -> dict:
             "init_steps": int(init["steps"]) if init else 0,
             "crop": cfg.get("data", {}).get("crop"), "train_seconds": float(meta.get("train_seconds", "nan")),
             "threads": cfg.get("threads"), "min_size": int(meta.get("min_size", 0)),
+            "threshold": float(meta.get("threshold", 0.5)),
             "confidence": None if meta.get("confidence") in (None, "", "None") else float(meta["confidence"])}
 
 

@@ -96,13 +96,14 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
     if result.get("training"):
         lines += ["", "## How the learned models were trained", "",
                   "From each weights file's metadata: all on the same simulated training volumes and crops; the",
-                  "post-processing (the confidence a pore component must reach to be kept, or a speck size) was",
-                  "chosen on validation-range scans at export.", "",
+                  "post-processing (the threshold whose components are pores, the confidence a component must",
+                  "reach to be kept, or a speck size) was chosen on validation-range scans at export.", "",
                   "| method | training steps | batch | crop (Z, Y, X) | training seconds | threads | post-processing |",
                   "|---|---:|---:|---|---:|---:|---|"]
         for m, v in result["training"].items():
             crop = " × ".join(str(c) for c in v["crop"]) if v.get("crop") else "?"
-            post = [f"confidence {v['confidence']:g}" if v.get("confidence") is not None else "",
+            post = [f"threshold {v['threshold']:g}" if v.get("threshold", 0.5) != 0.5 else "",
+                    f"confidence {v['confidence']:g}" if v.get("confidence") is not None else "",
                     f"specks under {v['min_size']} voxels" if v.get("min_size", 0) > 1 else ""]
             steps = (f"{v['steps']} ({v['init_steps']} + {v['steps'] - v['init_steps']} continued)"
                      if v.get("init_steps") else f"{v['steps']}")

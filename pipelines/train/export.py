@@ -27,12 +27,20 @@ from ctpore.pipelines.train.config import DataConfig, config_from_dict, config_t
 from ctpore.pipelines.train.loop import TrainResult, init_record, predict_full
 from ctpore.progress import ProgressFn
 
-__all__ = ["CONFIDENCES", "POSTPROCESSING_SCANS", "postprocessing_pool", "select_postprocessing",
-           "topology_score", "export_weights", "refit_postprocessing"]
+__all__ = ["CONFIDENCES", "THRESHOLDS", "DICE_SLACK", "POSTPROCESSING_SCANS", "choose_candidate",
+           "postprocessing_pool", "select_postprocessing", "topology_score", "export_weights",
+           "refit_postprocessing"]
 
 
 #: Confidences tried for the evidence rule (None: threshold alone), chosen on validation scans.
 CONFIDENCES = (None, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+
+#: Low thresholds (raw probability) tried with them: a pore component is a 26-connected component of
+#: {probability >= threshold}. Empty: the configured threshold alone (decisions/rule_v14.md says why).
+THRESHOLDS: tuple = ()
+
+#: How much mean Dice a candidate may give up against the best at the configured threshold.
+DICE_SLACK = 0.005
 
 #: Share of the post-processing scans given small isolated pores (at least): the rule is chosen on
 #: scans that hold many 8-30-voxel pores as well as the noise that makes false specks.
@@ -58,34 +66,60 @@ def topology_score(rows: list[dict]) -> float:
     return float(sum(np.mean([r[k] for r in rows]) for k in ("euler_error_rel", "b0_error_rel", "b1_error_rel")))
 
 
+def choose_candidate(table: list[dict], threshold: float = 0.5) -> dict:
+    """The row of ``table`` the export ships (``decisions/rule_v14.md``).
+
+    ``D0`` is the mean Dice of the row with the lowest topology score at ``threshold`` (the fixed
+    low threshold of before); among the rows whose Dice is at least ``D0 - DICE_SLACK``, the
+    lowest topology score wins, ties broken by MSE and then by the threshold nearest ``threshold``.
+    With one threshold this is the lowest topology score, ties broken by MSE.
+    """
+    def key(r):
+        return (round(r["topology_score"], 6), r["mse"], abs(r["threshold"] - threshold))
+
+    base = [r for r in table if r["threshold"] == threshold] or table
+    d0 = min(base, key=key)["dice"]
+    return min((r for r in table if r["dice"] >= d0 - DICE_SLACK), key=key)
+
+
 def select_postprocessing(model: nn.Module, pool: Pool, device="cpu", threshold: float = 0.5,
-                          return_probs: bool = False, probs: Optional[list] = None) -> dict:
+                          return_probs: bool = False, probs: Optional[list] = None,
+                          thresholds: Optional[tuple] = None) -> dict:
     """Choose the post-processing on validation scans and fit the probability calibration there.
 
-    Every confidence in :data:`CONFIDENCES` (the evidence rule of
-    :class:`~ctpore.data.postprocess.Postprocessing`) is scored by :func:`topology_score`, ties broken
-    by MSE, on ``pool`` (the validation scans, never the benchmark's); the calibration is then
-    fitted on the same scans (see :mod:`ctpore.data.calibration`). One pass per scan, in the slice
-    order ``ctpore reconstruct`` streams (``probs``: those passes, when already made). Returns
-    ``{"postprocessing", "table", "calibration"}`` (and ``"probs"``, the raw probabilities of the
-    pool's scans, with ``return_probs``).
+    Every low threshold in ``thresholds`` (default :data:`THRESHOLDS`) crossed with every confidence in
+    :data:`CONFIDENCES` (the evidence rule of :class:`~ctpore.data.postprocess.Postprocessing`; a
+    confidence below the threshold is left out: it would keep every component) is scored by
+    :func:`topology_score` on ``pool`` (the validation scans, never the benchmark's) and chosen by
+    :func:`choose_candidate`; the calibration is then fitted on the same scans (see
+    :mod:`ctpore.data.calibration`). One pass per scan, in the slice order ``ctpore reconstruct``
+    streams (``probs``: those passes, when already made). Returns ``{"postprocessing", "table",
+    "calibration"}`` (and ``"probs"``, the raw probabilities of the pool's scans, with
+    ``return_probs``).
     """
     model.eval()
     if probs is None:
         probs = [predict_full(model, scan, device) for scan in pool.scans]
+    thresholds = tuple(THRESHOLDS if thresholds is None else thresholds)
+    if threshold not in thresholds:
+        thresholds = (threshold,) + thresholds
     table = []
-    for conf in CONFIDENCES:
-        post = Postprocessing(threshold=threshold, confidence=conf)
-        rows = []
-        for prob, truth in zip(probs, pool.truths):
-            pores, _ = post.apply(prob)
-            rows.append(comparison_metrics(pores, truth.astype(np.uint8), prob=prob, betti=True))
-        table.append({"confidence": conf, "topology_score": topology_score(rows),
-                      **{k: float(np.mean([r[k] for r in rows]))
-                         for k in ("euler_error_rel", "b0_error_rel", "b1_error_rel", "mse", "dice")}})
-    best = min(table, key=lambda r: (round(r["topology_score"], 6), r["mse"]))
+    for t in thresholds:
+        for conf in CONFIDENCES:
+            if conf is not None and conf < t:
+                continue
+            post = Postprocessing(threshold=t, confidence=conf)
+            rows = []
+            for prob, truth in zip(probs, pool.truths):
+                pores, _ = post.apply(prob)
+                rows.append(comparison_metrics(pores, truth.astype(np.uint8), prob=prob, betti=True))
+            table.append({"threshold": float(t), "confidence": conf, "topology_score": topology_score(rows),
+                          **{k: float(np.mean([r[k] for r in rows]))
+                             for k in ("euler_error_rel", "b0_error_rel", "b1_error_rel", "mse", "dice")}})
+    best = choose_candidate(table, threshold)
     cal = fit_calibration(zip(probs, pool.truths))
-    out = {"postprocessing": Postprocessing(threshold=threshold, confidence=best["confidence"], calibration=cal),
+    out = {"postprocessing": Postprocessing(threshold=best["threshold"], confidence=best["confidence"],
+                                            calibration=cal),
            "table": table, "calibration": cal}
     if return_probs:
         out["probs"] = probs
