@@ -89,6 +89,11 @@ def test_the_training_table_names_a_threshold_other_than_one_half(tmp_path):
             if line.startswith("| ") and "| 10 |" in line}
     assert rows["PoreFormer"].endswith("| threshold 0.4, confidence 0.8 |")
     assert rows["2D U-Net, slice by slice (MONAI)"].endswith("| confidence 0.98 |")
+    # where Otsu's error lies: its squared error split between the true boundary and the interior
+    s = res["summary"]["otsu"]
+    n = s["boundary_share"] * s["mse_boundary"] + (1 - s["boundary_share"]) * s["mse_interior"]
+    assert n == pytest.approx(res["summary"]["otsu"]["mse"])  # one case: the pooled MSE is the case's
+    assert "## Where the voxel error lies" in (tmp_path / "benchmark.md").read_text()
 
 
 def test_seed_base_moves_the_simulated_cases(tmp_path):

@@ -578,3 +578,30 @@ def test_metrics_reject_non_binary_and_wrong_ndim():
         euler_number(np.zeros((2, 2, 2)), connectivity=18)
     with pytest.raises(InputError, match="spacing"):
         connectivity_density(np.zeros((2, 2, 2)), spacing_mm=(1.0, 0.0, 1.0))
+
+
+def test_boundary_voxels_and_the_error_split_against_a_direct_count():
+    from scipy import ndimage as ndi
+
+    from ctpore.data.metrics import BoundaryErrorSplit, boundary_voxels
+
+    rng = np.random.default_rng(3)
+    truth = ndi.gaussian_filter(rng.random((14, 15, 16)), 1.5) > 0.5
+    # reference: a voxel is on the boundary when a face neighbour inside the volume is of the other phase
+    st = ndi.generate_binary_structure(3, 1)
+    ref = (truth & ~ndi.binary_erosion(truth, st, border_value=1)) | (~truth & ndi.binary_dilation(truth, st))
+    edge = boundary_voxels(truth)
+    assert edge.any() and (~edge).any()
+    assert (edge == ref).all()
+    probs = [rng.random(truth.shape), np.where(truth, 0.9, 0.2)]
+    split = BoundaryErrorSplit()
+    for p in probs:
+        split.add(p, truth)
+    s = split.summary()
+    e = np.concatenate([((p - truth) ** 2).ravel() for p in probs])
+    m = np.concatenate([edge.ravel()] * 2)
+    assert s["boundary_share"] == pytest.approx(m.mean())
+    assert s["mse_boundary"] == pytest.approx(e[m].mean()) and s["mse_interior"] == pytest.approx(e[~m].mean())
+    assert s["boundary_error_share"] == pytest.approx(e[m].sum() / e.sum())
+    with pytest.raises(ValueError, match="differ in shape"):
+        split.add(probs[0][:-1], truth)

@@ -21,7 +21,7 @@ import torch
 
 from ctpore.data.calibration import ReliabilityCounter
 from ctpore.data.io import load_scan, read_label
-from ctpore.data.metrics import betti_numbers, comparison_metrics, euler_number, porosity
+from ctpore.data.metrics import BoundaryErrorSplit, betti_numbers, comparison_metrics, euler_number, porosity
 from ctpore.data.splits import BENCH_SEED_BASE, check_bench_seeds
 from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
 from ctpore.errors import InputError
@@ -176,11 +176,13 @@ def bench_quality(
     done = 0
     rows = []
     reliability = {m: ReliabilityCounter() for m in methods}
+    split = {m: BoundaryErrorSplit() for m in methods}
     for name, scan, truth in cases:
         for m in methods:
             prob, pores, secs = runner.run(m, scan)
             r = comparison_metrics(pores, truth, prob=prob, betti=True)
             reliability[m].add(prob, truth)
+            split[m].add(prob, truth)
             rows.append({"case": name, "method": m, "seconds": secs, **r})
             done += 1
             if progress is not None:
@@ -194,6 +196,7 @@ def bench_quality(
         summary[m]["params"] = runner.params[m]
         rel = reliability[m].summary()
         summary[m]["calibration_ece"], summary[m]["calibration_max_gap"] = rel["ece"], rel["max_gap"]
+        summary[m].update(split[m].summary())
     real = None
     if real_scan is not None:
         with load_scan(real_scan) as scan:

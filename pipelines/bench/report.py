@@ -117,6 +117,18 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
                   "| method | calibration error | largest gap |", "|---|---:|---:|"]
         for m, v in s.items():
             lines.append(f"| {LABELS[m]} | {v['calibration_ece']:.4f} | {v['calibration_max_gap']:.3f} |")
+    if all("mse_boundary" in v for v in s.values()):
+        share = next(iter(s.values()))["boundary_share"]
+        lines += ["", "## Where the voxel error lies", "",
+                  "Over all cases' voxels: the squared error of each method's probability map on the voxels of the",
+                  f"true pore boundary (a face neighbour of the other phase: {share:.1%} of the voxels, those whose",
+                  "label is a sub-voxel decision under blur and partial volume) and on the interior of either phase.",
+                  "", "| method | MSE on boundary voxels | MSE on interior voxels | "
+                  "share of the squared error on the boundary |",
+                  "|---|---:|---:|---:|"]
+        for m, v in s.items():
+            lines.append(f"| {LABELS[m]} | {v['mse_boundary']:.4f} | {v['mse_interior']:.5f} | "
+                         f"{v['boundary_error_share']:.1%} |")
     lines += ["", "## Per case", "",
               "| case | method | MSE | Dice | rel. Euler error | χ pred | χ true | b0 pred / true | b1 pred / true "
               "| b2 pred / true |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
