@@ -10,14 +10,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import socket
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from ctpore.errors import InputError
 
-__all__ = ["atomic_write", "write_json_atomic"]
+__all__ = ["atomic_write", "write_json_atomic", "owner_tag", "parse_owner"]
+
+
+def owner_tag() -> str:
+    """``<host>-<pid>`` of this process, as an owned temporary file's name carries it (the host
+    reduced to letters and digits)."""
+    return f"{re.sub(r'[^A-Za-z0-9]', '', socket.gethostname())[:32]}-{os.getpid()}"
+
+
+def parse_owner(name: str) -> tuple[str, int] | None:
+    """``(host, pid)`` of an owned temporary file's name (see :func:`atomic_write`), else None."""
+    m = re.search(r"\.tmp-([A-Za-z0-9]*)-(\d+)-[0-9a-f]{8}", name)
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def _chmod_default(path: str | os.PathLike) -> None:
@@ -28,7 +42,7 @@ def _chmod_default(path: str | os.PathLike) -> None:
 
 
 @contextmanager
-def atomic_write(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_write(path: str | os.PathLike, owned: bool = False) -> Iterator[Path]:
     """Write a file whole or not at all: yield a temporary path, rename it to ``path`` at the end.
 
     The temporary file ``.<stem>.tmp-XXXXXXXX<suffix>`` lies in the destination's folder (so the
@@ -38,6 +52,11 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Path]:
     block ends without an error the file is flushed to disk and renamed over ``path``; on any
     error (or an interruption) it is removed and the error propagates. An existing ``path`` is
     untouched until the rename.
+
+    A file that several runs rewrite in one folder (a batch's summary) is written ``owned``: its
+    temporary is ``.<stem>.tmp-<host>-<pid>-XXXXXXXX<suffix>`` (:func:`owner_tag`), so that one a
+    killed run left can be told from one a live run is writing
+    (:func:`ctpore.pipelines.outputs.remove_orphan_temps`).
 
     Raises
     ------
@@ -57,7 +76,8 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Path]:
     name = path.name
     suffix = name[-7:] if name.lower().endswith(".nii.gz") and len(name) > 7 else path.suffix
     stem = name[: len(name) - len(suffix)] if suffix else name
-    tmp = folder / f".{stem}.tmp-{secrets.token_hex(4)}{suffix}"
+    tag = f"{owner_tag()}-" if owned else ""
+    tmp = folder / f".{stem}.tmp-{tag}{secrets.token_hex(4)}{suffix}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         os.close(fd)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ctpore.atomic import atomic_write
+from ctpore.pipelines.outputs import remove_orphan_temps
 
 __all__ = ["SUMMARY_NAME", "COLUMNS", "BatchSummary", "latest_records"]
 
@@ -93,6 +94,7 @@ class BatchSummary:
         self.report = Path(report)
         self.latest: dict[str, dict] = {}
         self._read = _read_report(report, self.latest)
+        remove_orphan_temps(self.path)  # a killed earlier run's half-written summary
 
     def update(self, rec: dict) -> None:
         """Take ``rec`` as its scan's latest attempt (see the module docstring) and rewrite the file."""
@@ -110,6 +112,6 @@ class BatchSummary:
         writer.writeheader()
         for rec in self.latest.values():
             writer.writerow(_row(rec))
-        with atomic_write(self.path) as tmp:
+        with atomic_write(self.path, owned=True) as tmp:
             Path(tmp).write_text(buf.getvalue())
         return self.path

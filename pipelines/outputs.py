@@ -32,8 +32,9 @@ from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.disk import DiskGuard
 
 __all__ = ["OUTPUT_FORMATS", "output_paths", "other_format_outputs", "check_outputs", "make_outdir", "output_set",
-           "remove_stale_temps", "run_fields", "finish_metrics", "claim_outputs", "claim_run", "clear_stale_lock",
-           "lock_path", "read_lock", "OutputsHeld", "LOCK_HEARTBEAT_S", "LOCK_STALE_S"]
+           "remove_stale_temps", "remove_orphan_temps", "run_fields", "finish_metrics", "claim_outputs",
+           "claim_run", "clear_stale_lock", "lock_path", "read_lock", "OutputsHeld", "LOCK_HEARTBEAT_S",
+           "LOCK_STALE_S"]
 
 #: A run renews (touches) its lock file this often, in seconds, while it holds it.
 LOCK_HEARTBEAT_S = 60.0
@@ -217,6 +218,30 @@ def remove_stale_temps(paths: dict) -> int:
                 n += 1
             except OSError:
                 pass
+    return n
+
+
+def remove_orphan_temps(path) -> int:
+    """Remove the owned temporaries of ``path`` (:func:`ctpore.atomic.atomic_write` with ``owned``)
+    whose writer, a process of this host, no longer runs; return how many. Those of live runs, and
+    of other hosts (whose processes cannot be asked), are kept."""
+    from ctpore.atomic import owner_tag, parse_owner
+
+    path = Path(path)
+    if not path.parent.is_dir():
+        return 0
+    host = owner_tag().rsplit("-", 1)[0]
+    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    n = 0
+    for tmp in path.parent.glob(f".{stem}.tmp-*"):
+        owner = parse_owner(tmp.name)
+        if owner is None or owner[0] != host or _alive(owner[1], None):
+            continue
+        try:
+            tmp.unlink()
+            n += 1
+        except OSError:
+            pass
     return n
 
 

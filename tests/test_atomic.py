@@ -49,3 +49,40 @@ def test_a_missing_folder_is_an_input_error_naming_it(tmp_path):
 def test_write_json_atomic(tmp_path):
     path = write_json_atomic(tmp_path / "a.json", {"b": [1, 2]})
     assert path.read_text() == '{\n  "b": [\n    1,\n    2\n  ]\n}\n'
+
+
+def test_a_killed_writers_owned_temp_is_removed_and_a_live_ones_kept(tmp_path, monkeypatch):
+    """A batch killed while rewriting its summary leaves ``.batch_summary.tmp-<host>-<pid>-...``;
+    the next run removes it, but never the temporary of a run still writing, nor one of another host."""
+    import subprocess
+    import sys
+
+    from ctpore.atomic import owner_tag, parse_owner
+    from ctpore.pipelines.batch_summary import BatchSummary
+    from ctpore.pipelines.outputs import remove_orphan_temps
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process
+    host = owner_tag().rsplit("-", 1)[0]
+    target = tmp_path / "batch_summary.csv"
+    orphan = tmp_path / f".batch_summary.tmp-{host}-{dead.pid}-0a1b2c3d.csv"
+    live = tmp_path / f".batch_summary.tmp-{owner_tag()}-0a1b2c3e.csv"
+    remote = tmp_path / f".batch_summary.tmp-otherhost{host}-{dead.pid}-0a1b2c3f.csv"
+    unowned = tmp_path / ".batch_summary.tmp-0a1b2c40.csv"
+    other = tmp_path / f".g0_metrics.tmp-{host}-{dead.pid}-0a1b2c41.json"
+    for p in (orphan, live, remote, unowned, other):
+        p.write_text("half")
+    assert parse_owner(orphan.name) == (host, dead.pid) and parse_owner(unowned.name) is None
+    assert remove_orphan_temps(target) == 1
+    assert not orphan.exists() and live.exists() and remote.exists() and unowned.exists() and other.exists()
+
+    # the summary is written owned, and a new batch's summary clears what a killed one left
+    orphan.write_text("half")
+    (tmp_path / "batch_report.jsonl").write_text("")
+    summary = BatchSummary(tmp_path, tmp_path / "batch_report.jsonl")
+    assert not orphan.exists()
+    seen = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (seen.append(os.path.basename(a)), real_replace(a, b))[1])
+    summary.write()
+    assert seen and parse_owner(seen[0]) == (host, os.getpid())
