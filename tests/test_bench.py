@@ -83,11 +83,12 @@ def test_the_training_table_names_a_threshold_other_than_one_half(tmp_path):
     common = {"steps": 10, "init_steps": 0, "batch_size": 2, "crop": [8, 8, 8], "train_seconds": 1.0,
               "threads": 1, "min_size": 0}
     res["training"] = {"unet2d": {**common, "threshold": 0.5, "confidence": 0.98},
-                       "poreformer": {**common, "threshold": 0.4, "confidence": 0.8}}
+                       "poreformer": {**common, "init_steps": 6, "threshold": 0.4, "confidence": 0.8}}
     write_report(res, tmp_path, command="test")
     rows = {line.split(" | ")[0].lstrip("| "): line for line in (tmp_path / "benchmark.md").read_text().splitlines()
-            if line.startswith("| ") and "| 10 |" in line}
+            if line.startswith("| ") and "| 8 × 8 × 8 |" in line}
     assert rows["PoreFormer"].endswith("| threshold 0.4, confidence 0.8 |")
+    assert rows["PoreFormer"].startswith("| PoreFormer | 10 (4 continued from 6) |")  # a warm start's budget
     assert rows["2D U-Net, slice by slice (MONAI)"].endswith("| confidence 0.98 |")
     # where Otsu's error lies: its squared error split between the true boundary and the interior
     s = res["summary"]["otsu"]

@@ -105,7 +105,7 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
             post = [f"threshold {v['threshold']:g}" if v.get("threshold", 0.5) != 0.5 else "",
                     f"confidence {v['confidence']:g}" if v.get("confidence") is not None else "",
                     f"specks under {v['min_size']} voxels" if v.get("min_size", 0) > 1 else ""]
-            steps = (f"{v['steps']} ({v['init_steps']} + {v['steps'] - v['init_steps']} continued)"
+            steps = (f"{v['steps']} ({v['steps'] - v['init_steps']} continued from {v['init_steps']})"
                      if v.get("init_steps") else f"{v['steps']}")
             lines.append(f"| {LABELS[m]} | {steps} | {v['batch_size']} | {crop} | {v['train_seconds']:.0f} | "
                          f"{v['threads']} | {', '.join(p for p in post if p) or 'threshold only'} |")
