@@ -247,8 +247,15 @@ class _Report:
 
     def add(self, rec: dict) -> None:
         self.records.append(rec)
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(rec, default=float) + "\n")
+        line = json.dumps(rec, default=float) + "\n"
+        with open(self.path, "a+b") as fh:
+            # a run killed while writing its line left it without an end: end it first, or this
+            # record would be glued to it and read as one line that does not parse
+            if fh.seek(0, os.SEEK_END) > 0:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    line = "\n" + line
+            fh.write(line.encode())
             fh.flush()
             os.fsync(fh.fileno())
 

@@ -327,3 +327,18 @@ def test_a_bar_over_the_scans_only_when_stdout_is_a_terminal():
             f"[{i + 1}/3] s{i}.nii  done  porosity 0.5000  Euler -  pores -  [0.0 s]" for i in range(3)]
     assert "batch:" in term and "/3 [" in term  # tqdm's bar, between the lines
     assert "batch:" not in piped and "\r" not in piped
+
+
+def test_a_line_a_killed_run_left_unended_does_not_swallow_the_next_record(tmp_path):
+    from ctpore.pipelines.batch import _Report
+    from ctpore.pipelines.batch_summary import latest_records
+
+    path = tmp_path / REPORT_NAME
+    done = {"scan": "a.nii", "status": "ok", "attempts": 1}
+    path.write_text(json.dumps(done) + "\n" + '{"scan": "b.nii", "stat')  # killed mid-line
+    rec = {"scan": "c.nii", "status": "ok", "attempts": 1}
+    _Report(path).add(rec)
+    _Report(path).add({**rec, "scan": "d.nii"})
+    got = latest_records(path)
+    assert list(got) == ["a.nii", "c.nii", "d.nii"] and got["c.nii"] == rec
+    assert path.read_text().endswith("\n") and path.read_text().count("\n") == 4  # the torn line ended once
