@@ -8,6 +8,7 @@ reader (or a resumed batch run) never meets half a file, and an interrupted run 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -19,19 +20,32 @@ from typing import Any, Iterator
 
 from ctpore.errors import InputError
 
-__all__ = ["atomic_write", "write_json_atomic", "owner_tag", "parse_owner"]
+__all__ = ["atomic_write", "write_json_atomic", "host_tag", "owner_tag", "parse_owner", "temp_parts"]
+
+
+def host_tag() -> str:
+    """This host as an owned temporary file's name carries it: 12 hex digits of its name's SHA-1
+    (hosts whose names differ never share one; containers that share a host name and not their
+    process table count as one host, as for the output locks)."""
+    return hashlib.sha1(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 
 def owner_tag() -> str:
-    """``<host>-<pid>`` of this process, as an owned temporary file's name carries it (the host
-    reduced to letters and digits)."""
-    return f"{re.sub(r'[^A-Za-z0-9]', '', socket.gethostname())[:32]}-{os.getpid()}"
+    """``<host>-<pid>`` of this process (:func:`host_tag`), as an owned temporary's name carries it."""
+    return f"{host_tag()}-{os.getpid()}"
 
 
 def parse_owner(name: str) -> tuple[str, int] | None:
     """``(host, pid)`` of an owned temporary file's name (see :func:`atomic_write`), else None."""
-    m = re.search(r"\.tmp-([A-Za-z0-9]*)-(\d+)-[0-9a-f]{8}", name)
+    m = re.search(r"\.tmp-([0-9a-f]{12})-([1-9][0-9]{0,9})-[0-9a-f]{8}", name)
     return (m.group(1), int(m.group(2))) if m else None
+
+
+def temp_parts(name: str) -> tuple[str, str]:
+    """``(stem, suffix)`` of a file name as its temporaries are named ``.<stem>.tmp-...<suffix>``
+    (``.nii.gz`` is one suffix, so that writers choosing the format by name write the right one)."""
+    suffix = name[-7:] if name.lower().endswith(".nii.gz") and len(name) > 7 else Path(name).suffix
+    return (name[: len(name) - len(suffix)] if suffix else name), suffix
 
 
 def _chmod_default(path: str | os.PathLike) -> None:
@@ -73,9 +87,7 @@ def atomic_write(path: str | os.PathLike, owned: bool = False) -> Iterator[Path]
     if not folder.is_dir():
         what = "does not exist" if not folder.exists() else "is not a folder"
         raise InputError(f"cannot write {path.name}: the output folder {what}", folder)
-    name = path.name
-    suffix = name[-7:] if name.lower().endswith(".nii.gz") and len(name) > 7 else path.suffix
-    stem = name[: len(name) - len(suffix)] if suffix else name
+    stem, suffix = temp_parts(path.name)
     tag = f"{owner_tag()}-" if owned else ""
     tmp = folder / f".{stem}.tmp-{tag}{secrets.token_hex(4)}{suffix}"
     try:

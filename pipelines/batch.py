@@ -238,6 +238,18 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def _lock(fh, take: bool = True) -> None:
+    """Take (or give back) an exclusive advisory lock on an open file, where the system has them."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: appends stay unlocked
+        return
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX if take else fcntl.LOCK_UN)
+    except OSError:  # a file system without locks: the append goes ahead as before
+        pass
+
+
 class _Report:
     """``batch_report.jsonl``: one line per ended scan, appended and flushed to disk at once."""
 
@@ -249,15 +261,19 @@ class _Report:
         self.records.append(rec)
         line = json.dumps(rec, default=float) + "\n"
         with open(self.path, "a+b") as fh:
-            # a run killed while writing its line left it without an end: end it first, or this
-            # record would be glued to it and read as one line that does not parse
-            if fh.seek(0, os.SEEK_END) > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    line = "\n" + line
-            fh.write(line.encode())
-            fh.flush()
-            os.fsync(fh.fileno())
+            _lock(fh)  # other drivers sharing the folder append between the check and the write
+            try:
+                # a run killed while writing its line left it without an end: end it first, or
+                # this record would be glued to it and read as one line that does not parse
+                if fh.seek(0, os.SEEK_END) > 0:
+                    fh.seek(-1, os.SEEK_END)
+                    if fh.read(1) != b"\n":
+                        line = "\n" + line
+                fh.write(line.encode())
+                fh.flush()
+                os.fsync(fh.fileno())
+            finally:
+                _lock(fh, False)
 
 
 def _cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int, verbose: bool = False):

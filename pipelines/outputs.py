@@ -225,15 +225,15 @@ def remove_orphan_temps(path) -> int:
     """Remove the owned temporaries of ``path`` (:func:`ctpore.atomic.atomic_write` with ``owned``)
     whose writer, a process of this host, no longer runs; return how many. Those of live runs, and
     of other hosts (whose processes cannot be asked), are kept."""
-    from ctpore.atomic import owner_tag, parse_owner
+    from ctpore.atomic import host_tag, parse_owner, temp_parts
 
     path = Path(path)
     if not path.parent.is_dir():
         return 0
-    host = owner_tag().rsplit("-", 1)[0]
-    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    host = host_tag()
+    stem, suffix = temp_parts(path.name)
     n = 0
-    for tmp in path.parent.glob(f".{stem}.tmp-*"):
+    for tmp in path.parent.glob(f".{stem}.tmp-*{suffix}"):
         owner = parse_owner(tmp.name)
         if owner is None or owner[0] != host or _alive(owner[1], None):
             continue
@@ -309,6 +309,8 @@ def _alive(pid: int, proc_start: Optional[int]) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
+        return False
+    except OverflowError:  # no such pid can exist
         return False
     except OSError:  # it exists, owned by someone else
         pass

@@ -57,22 +57,24 @@ def test_a_killed_writers_owned_temp_is_removed_and_a_live_ones_kept(tmp_path, m
     import subprocess
     import sys
 
-    from ctpore.atomic import owner_tag, parse_owner
+    from ctpore.atomic import host_tag, owner_tag, parse_owner
     from ctpore.pipelines.batch_summary import BatchSummary
     from ctpore.pipelines.outputs import remove_orphan_temps
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # reaped: its pid names no process
-    host = owner_tag().rsplit("-", 1)[0]
+    host = host_tag()
     target = tmp_path / "batch_summary.csv"
     orphan = tmp_path / f".batch_summary.tmp-{host}-{dead.pid}-0a1b2c3d.csv"
     live = tmp_path / f".batch_summary.tmp-{owner_tag()}-0a1b2c3e.csv"
-    remote = tmp_path / f".batch_summary.tmp-otherhost{host}-{dead.pid}-0a1b2c3f.csv"
+    remote = tmp_path / f".batch_summary.tmp-{'0' * 12 if host != '0' * 12 else '1' * 12}-{dead.pid}-0a1b2c3f.csv"
+    huge = tmp_path / f".batch_summary.tmp-{host}-99999999999999999999-0a1b2c42.csv"  # no such pid can exist
     unowned = tmp_path / ".batch_summary.tmp-0a1b2c40.csv"
     other = tmp_path / f".g0_metrics.tmp-{host}-{dead.pid}-0a1b2c41.json"
-    for p in (orphan, live, remote, unowned, other):
+    for p in (orphan, live, remote, unowned, other, huge):
         p.write_text("half")
     assert parse_owner(orphan.name) == (host, dead.pid) and parse_owner(unowned.name) is None
+    assert parse_owner(huge.name) is None  # not a pid: left alone, and nothing crashes on it
     assert remove_orphan_temps(target) == 1
     assert not orphan.exists() and live.exists() and remote.exists() and unowned.exists() and other.exists()
 
@@ -86,3 +88,20 @@ def test_a_killed_writers_owned_temp_is_removed_and_a_live_ones_kept(tmp_path, m
     monkeypatch.setattr(os, "replace", lambda a, b: (seen.append(os.path.basename(a)), real_replace(a, b))[1])
     summary.write()
     assert seen and parse_owner(seen[0]) == (host, os.getpid())
+
+
+def test_owned_temporaries_are_named_as_the_cleanup_looks_for_them(tmp_path):
+    from ctpore.atomic import host_tag, parse_owner, temp_parts
+    from ctpore.pipelines.outputs import remove_orphan_temps
+
+    assert temp_parts("scan.nii.gz") == ("scan", ".nii.gz")
+    assert temp_parts("batch_summary.csv") == ("batch_summary", ".csv")
+    assert temp_parts("README") == ("README", "")
+    for name in ("scan.nii.gz", "batch_summary.csv"):
+        with atomic_write(tmp_path / name, owned=True) as tmp:
+            stem, suffix = temp_parts(name)
+            assert tmp.name.startswith(f".{stem}.tmp-") and tmp.name.endswith(suffix)
+            assert parse_owner(tmp.name) == (host_tag(), os.getpid())
+            assert remove_orphan_temps(tmp_path / name) == 0 and tmp.exists()  # its writer runs: kept
+            tmp.write_bytes(b"whole")
+        assert (tmp_path / name).read_bytes() == b"whole"

@@ -94,7 +94,12 @@ def test_the_training_table_names_a_threshold_other_than_one_half(tmp_path):
     s = res["summary"]["otsu"]
     n = s["boundary_share"] * s["mse_boundary"] + (1 - s["boundary_share"]) * s["mse_interior"]
     assert n == pytest.approx(res["summary"]["otsu"]["mse"])  # one case: the pooled MSE is the case's
-    assert "## Where the voxel error lies" in (tmp_path / "benchmark.md").read_text()
+    md = (tmp_path / "benchmark.md").read_text()
+    section = md[md.index("## Where the voxel error lies"):md.index("## Per case")]
+    from ctpore.pipelines.bench.report import LABELS
+
+    row = f"| {LABELS['otsu']} | {s['mse_boundary']:.4f} | {s['mse_interior']:.5f} | {s['boundary_error_share']:.1%} |"
+    assert row in section
 
 
 def test_seed_base_moves_the_simulated_cases(tmp_path):

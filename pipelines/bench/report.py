@@ -117,7 +117,7 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
                   "| method | calibration error | largest gap |", "|---|---:|---:|"]
         for m, v in s.items():
             lines.append(f"| {LABELS[m]} | {v['calibration_ece']:.4f} | {v['calibration_max_gap']:.3f} |")
-    if all("mse_boundary" in v for v in s.values()):
+    if s and all("mse_boundary" in v for v in s.values()):
         share = next(iter(s.values()))["boundary_share"]
         lines += ["", "## Where the voxel error lies", "",
                   "Over all cases' voxels: the squared error of each method's probability map on the voxels of the",
