@@ -464,12 +464,14 @@ class BoundaryErrorSplit:
         self.n = np.zeros(2)      # interior, boundary
         self.sse = np.zeros(2)
 
-    def add(self, prob: np.ndarray, truth: np.ndarray) -> None:
+    def add(self, prob: np.ndarray, truth: np.ndarray, edge: Optional[np.ndarray] = None) -> None:
+        """Add one case; ``edge``: its :func:`boundary_voxels`, when already computed (several methods
+        scored against one truth)."""
         p = np.asarray(prob, np.float64)
         t = np.asarray(truth).astype(bool)
         if p.shape != t.shape:
             raise ValueError(f"probability and truth differ in shape: {p.shape} vs {t.shape}")
-        edge = boundary_voxels(t)
+        edge = boundary_voxels(t) if edge is None else edge
         e = (p - t) ** 2
         self.n += (np.count_nonzero(~edge), np.count_nonzero(edge))
         self.sse += (float(e[~edge].sum()), float(e[edge].sum()))

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
+from ctpore.atomic import host_tag, parse_owner, temp_parts
 from ctpore.data.io import output_stem
 from ctpore.data.io.omezarr_write import OME_ZARR_SUFFIX, remove_tree
 from ctpore.errors import CtporeWarning, InputError
@@ -210,8 +211,7 @@ def remove_stale_temps(paths: dict) -> int:
         if not p.parent.is_dir():
             continue
         name = p.name
-        ext = next((e for e in (".nii.gz", OME_ZARR_SUFFIX) if name.lower().endswith(e)), None)
-        stem = name[: -len(ext)] if ext else (p.stem or name)
+        stem = name[: -len(OME_ZARR_SUFFIX)] if name.lower().endswith(OME_ZARR_SUFFIX) else temp_parts(name)[0]
         for stale in p.parent.glob(f".{stem}.tmp-*"):
             try:
                 remove_tree(stale)
@@ -225,8 +225,6 @@ def remove_orphan_temps(path) -> int:
     """Remove the owned temporaries of ``path`` (:func:`ctpore.atomic.atomic_write` with ``owned``)
     whose writer, a process of this host, no longer runs; return how many. Those of live runs, and
     of other hosts (whose processes cannot be asked), are kept."""
-    from ctpore.atomic import host_tag, parse_owner, temp_parts
-
     path = Path(path)
     if not path.parent.is_dir():
         return 0

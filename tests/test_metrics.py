@@ -603,5 +603,9 @@ def test_boundary_voxels_and_the_error_split_against_a_direct_count():
     assert s["boundary_share"] == pytest.approx(m.mean())
     assert s["mse_boundary"] == pytest.approx(e[m].mean()) and s["mse_interior"] == pytest.approx(e[~m].mean())
     assert s["boundary_error_share"] == pytest.approx(e[m].sum() / e.sum())
+    given = BoundaryErrorSplit()  # an edge computed once for several methods: the same split
+    for p in probs:
+        given.add(p, truth, edge)
+    assert given.summary() == s
     with pytest.raises(ValueError, match="differ in shape"):
         split.add(probs[0][:-1], truth)

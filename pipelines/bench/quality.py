@@ -21,7 +21,8 @@ import torch
 
 from ctpore.data.calibration import ReliabilityCounter
 from ctpore.data.io import load_scan, read_label
-from ctpore.data.metrics import BoundaryErrorSplit, betti_numbers, comparison_metrics, euler_number, porosity
+from ctpore.data.metrics import (BoundaryErrorSplit, betti_numbers, boundary_voxels, comparison_metrics, euler_number,
+                                 porosity)
 from ctpore.data.splits import BENCH_SEED_BASE, check_bench_seeds
 from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
 from ctpore.errors import InputError
@@ -178,11 +179,12 @@ def bench_quality(
     reliability = {m: ReliabilityCounter() for m in methods}
     split = {m: BoundaryErrorSplit() for m in methods}
     for name, scan, truth in cases:
+        edge = boundary_voxels(truth)  # one truth, every method
         for m in methods:
             prob, pores, secs = runner.run(m, scan)
             r = comparison_metrics(pores, truth, prob=prob, betti=True)
             reliability[m].add(prob, truth)
-            split[m].add(prob, truth)
+            split[m].add(prob, truth, edge)
             rows.append({"case": name, "method": m, "seconds": secs, **r})
             done += 1
             if progress is not None:
