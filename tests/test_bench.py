@@ -14,6 +14,7 @@ from ctpore.errors import InputError
 from ctpore.data.synthetic import make_pair
 from ctpore.models.weights import read_metadata
 from ctpore.pipelines.bench import BENCH_SEED_BASE, Runner, bench_quality, weights_dir, write_report
+from ctpore.pipelines.bench.quality import LABELS, bench_cases
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -96,8 +97,6 @@ def test_the_training_table_names_a_threshold_other_than_one_half(tmp_path):
     assert n == pytest.approx(res["summary"]["otsu"]["mse"])  # one case: the pooled MSE is the case's
     md = (tmp_path / "benchmark.md").read_text()
     section = md[md.index("## Where the voxel error lies"):md.index("## Per case")]
-    from ctpore.pipelines.bench.report import LABELS
-
     row = f"| {LABELS['otsu']} | {s['mse_boundary']:.4f} | {s['mse_interior']:.5f} | {s['boundary_error_share']:.1%} |"
     assert row in section
 
@@ -243,3 +242,27 @@ def test_the_report_describes_the_data_it_was_given_not_fixed_text(tmp_path):
         assert ("a basalt from somewhere" in md) == bool(title)
         js = json.loads((tmp_path / f"out{name}" / "benchmark.json").read_text())
         assert js["real"]["shape"] == [24, 22, 20] and js["real"]["dtype"] == "int16"
+
+
+def test_an_average_of_two_maps_is_scored_by_the_mean_of_squares_identity(tmp_path):
+    # For maps P, Q and truth T: mean(((P+Q)/2 - T)^2) = (MSE_P + MSE_Q)/2 - mean((P-Q)^2)/4, case by case.
+    methods = ("plain-otsu", "otsu")
+    res = bench_quality(n_sim=2, size=20, methods=methods, averages=[methods])
+    runner = Runner(methods)
+    want = []
+    for name, scan, _truth in bench_cases(2, 20):
+        p, q = (runner.run(m, scan)[0].astype(np.float64) for m in methods)
+        mse = {r["method"]: r["mse"] for r in res["rows"] if r["case"] == name}
+        want.append((mse["plain-otsu"] + mse["otsu"]) / 2 - np.mean((p - q) ** 2) / 4)
+    (avg,) = res["averages"]
+    assert avg["methods"] == list(methods)
+    assert avg["mse"] == pytest.approx(np.mean(want), rel=1e-9)
+    assert avg["mse"] <= np.mean([res["summary"][m]["mse"] for m in methods])  # Jensen: never above the mean
+    write_report(res, tmp_path, command="test")
+    md = (tmp_path / "benchmark.md").read_text()
+    section = md[md.index("## How far averaging the models reaches"):md.index("## Per case")]
+    assert f"| {LABELS['plain-otsu']} + {LABELS['otsu']} | {avg['mse']:.4f} |" in section
+    # by default only learned models are averaged; a name not run is refused before any scan is made
+    assert bench_quality(n_sim=1, size=16, methods=methods)["averages"] == []
+    with pytest.raises(InputError, match="two or more of the methods run"):
+        bench_quality(n_sim=1, size=16, methods=methods, averages=[("otsu", "unet3d")])

@@ -9,6 +9,7 @@ A real unlabelled scan adds each method's porosity and Euler number and a pictur
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -156,6 +157,7 @@ def bench_quality(
     weights: Optional[Union[str, os.PathLike]] = None,
     seed_base: int = BENCH_SEED_BASE,
     zoom_max: float = 1.0,
+    averages=None,
 ) -> dict:
     """Score every method on every case; return the per-case rows, the means and the real scan.
 
@@ -168,9 +170,22 @@ def bench_quality(
     (:func:`ctpore.data.splits.check_bench_seeds`). ``zoom_max``
     > 1 enlarges the features of half the simulated cases (coarser structures than the default
     benchmark's, as at a finer voxel size).
+
+    ``averages`` (tuples of method names; default: every pair of the learned methods run, and all of
+    them when there are three or more) are scored as the voxel-wise mean of their probability maps:
+    not a method offered to users, but a measure of how much voxel error the models do not share,
+    hence of how far any one of them could still fall (``result["averages"]``: the mean MSE over
+    cases of each).
     """
     check_bench_seeds(seed_base, n_sim)  # held-out seeds only, before any weights load or scan is simulated
     draw_zoom(0, zoom_max)  # a bad zoom_max is an InputError before any weights load
+    if averages is None:
+        learned = [m for m in methods if get_method(m).weights is not None]
+        averages = list(itertools.combinations(learned, 2)) + ([tuple(learned)] if len(learned) > 2 else [])
+    averages = [tuple(a) for a in averages]
+    for combo in averages:
+        if len(combo) < 2 or not set(combo) <= set(methods):
+            raise InputError(f"an average needs two or more of the methods run ({', '.join(methods)}), got {combo}")
     runner = Runner(methods, device, None if weights is None else Path(weights))
     cases = list(bench_cases(n_sim, size, leopard, seed_base, zoom_max))
     total = len(cases) * len(methods) + (len(methods) if real_scan else 0)
@@ -178,10 +193,13 @@ def bench_quality(
     rows = []
     reliability = {m: ReliabilityCounter() for m in methods}
     split = {m: BoundaryErrorSplit() for m in methods}
+    avg_mse = {a: [] for a in averages}
     for name, scan, truth in cases:
         edge = boundary_voxels(truth)  # one truth, every method
+        probs = {}
         for m in methods:
             prob, pores, secs = runner.run(m, scan)
+            probs[m] = prob
             r = comparison_metrics(pores, truth, prob=prob, betti=True)
             reliability[m].add(prob, truth)
             split[m].add(prob, truth, edge)
@@ -189,6 +207,10 @@ def bench_quality(
             done += 1
             if progress is not None:
                 progress(done, total, f"{m} on {name}")
+        t = truth.astype(np.float64)
+        for combo in averages:
+            mean_prob = sum(probs[m].astype(np.float64) for m in combo) / len(combo)
+            avg_mse[combo].append(float(np.mean((mean_prob - t) ** 2)))
     summary = {}
     for m in methods:
         mr = [r for r in rows if r["method"] == m]
@@ -215,7 +237,9 @@ def bench_quality(
             if progress is not None:
                 progress(done, total, f"{m} on the real scan")
         real["volume"] = vol
-    return {"rows": rows, "summary": summary, "real": real, "training": runner.training, "n_sim": n_sim, "size": size,
+    return {"rows": rows, "summary": summary, "real": real,
+            "averages": [{"methods": list(a), "mse": float(np.mean(v))} for a, v in avg_mse.items()],
+            "training": runner.training, "n_sim": n_sim, "size": size,
             "seed_base": seed_base,
             "zoom_max": zoom_max, "leopard": _short(leopard) if leopard else None,
         "leopard_about": _about(leopard) if leopard else None, "torch": torch.__version__,

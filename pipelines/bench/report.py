@@ -129,6 +129,20 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
         for m, v in s.items():
             lines.append(f"| {LABELS[m]} | {v['mse_boundary']:.4f} | {v['mse_interior']:.5f} | "
                          f"{v['boundary_error_share']:.1%} |")
+    if result.get("averages"):
+        best = min(s, key=lambda m: s[m]["mse"])
+        ref = "unet2d" if "unet2d" in s else best
+        lines += ["", "## How far averaging the models reaches", "",
+                  "The voxel-wise mean of two or more methods' probability maps, scored as a method is (mean MSE over",
+                  "cases). Not a method ctpore offers (it costs every model's run and is not PoreFormer): an average",
+                  "removes the part of the models' errors that they do not share, so it shows how much of the voxel",
+                  "error one of these models could still remove by learning what another knows; what no average",
+                  "removes is error they all make.", "",
+                  f"| average of | MSE | against the {LABELS[ref]} | against the best single method ({LABELS[best]}) |",
+                  "|---|---:|---:|---:|"]
+        for a in result["averages"]:
+            lines.append(f"| {' + '.join(LABELS[m] for m in a['methods'])} | {a['mse']:.4f} | "
+                         f"{_lower(a['mse'], s[ref]['mse'])} | {_lower(a['mse'], s[best]['mse'])} |")
     lines += ["", "## Per case", "",
               "| case | method | MSE | Dice | rel. Euler error | χ pred | χ true | b0 pred / true | b1 pred / true "
               "| b2 pred / true |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
