@@ -173,9 +173,10 @@ def bench_quality(
 
     ``averages`` (tuples of method names; default: every pair of the learned methods run, and all of
     them when there are three or more) are scored as the voxel-wise mean of their probability maps:
-    not a method offered to users, but a measure of how much voxel error the models do not share,
-    hence of how far any one of them could still fall (``result["averages"]``: the mean MSE over
-    cases of each).
+    not a method offered to users, but a measure of how much the models' voxel errors differ (the
+    mean of two maps gains a quarter of their mean squared difference over the mean of their MSEs),
+    hence of how far one of them could still fall by learning what another knows
+    (``result["averages"]``: the mean MSE over cases of each).
     """
     check_bench_seeds(seed_base, n_sim)  # held-out seeds only, before any weights load or scan is simulated
     draw_zoom(0, zoom_max)  # a bad zoom_max is an InputError before any weights load

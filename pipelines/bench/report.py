@@ -134,10 +134,10 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
         ref = "unet2d" if "unet2d" in s else best
         lines += ["", "## How far averaging the models reaches", "",
                   "The voxel-wise mean of two or more methods' probability maps, scored as a method is (mean MSE over",
-                  "cases). Not a method ctpore offers (it costs every model's run and is not PoreFormer): an average",
-                  "removes the part of the models' errors that they do not share, so it shows how much of the voxel",
-                  "error one of these models could still remove by learning what another knows; what no average",
-                  "removes is error they all make.", "",
+                  "cases). Not a method ctpore offers (it costs every model's run and is not PoreFormer). The mean of",
+                  "two maps has the mean of their MSEs less a quarter of their mean squared difference: it gains only",
+                  "where the models disagree, so it shows how much voxel error one of these models leaves that another",
+                  "does not; where they all err alike, no average gains.", "",
                   f"| average of | MSE | against the {LABELS[ref]} | against the best single method ({LABELS[best]}) |",
                   "|---|---:|---:|---:|"]
         for a in result["averages"]:
