@@ -105,10 +105,12 @@ class BatchConsole:
                   f"{info['of']})")
 
     def warning(self, scan: str, item: dict) -> None:
-        """A warning raised on a worker, shown by this process as ``reconstruct`` shows warnings."""
-        name, message = Path(scan).name, item.get("message", "")
-        if name not in message:
-            message = f"{name}: {message}"
+        """A warning raised on a worker, shown by this process as ``reconstruct`` shows warnings,
+        beginning with the scan's path as the manifest gave it (two scans of one name in different
+        folders stay apart) unless the warning names it already."""
+        message = item.get("message", "")
+        if str(scan) not in message:
+            message = f"{scan}: {message}"
         if self.bar is not None:
             self.bar.clear()
         show_warning(message, _category(item), item.get("filename", "?"), item.get("lineno", 0))

@@ -273,7 +273,10 @@ def evaluate(pred, truth, prob, slice_axis, as_json):
          help=_SLICE_AXIS_HELP)
 @_option("--json", "as_json", is_flag=True, show_default=True, help="Print JSON instead of a table.")
 def info(scan, slice_axis, as_json):
-    """Shape, spacing, orientation, dtype and intensity range of SCAN."""
+    """Shape, spacing, orientation, dtype and intensity range of SCAN.
+
+    When the file gives no length unit (units unknown), the spacing is its own numbers, not mm.
+    """
     from ctpore.data.io import load_scan
 
     with load_scan(scan, slice_axis=slice_axis) as s:
@@ -283,6 +286,8 @@ def info(scan, slice_axis, as_json):
         click.echo(json.dumps(d, indent=2))
     else:  # each line says the order its values are in
         named = {k: f"{k} {_INFO_ORDER[k]}" if k in _INFO_ORDER else k for k in d}
+        if d.get("units") == "unknown":  # the file's own numbers: not known to be mm
+            named["spacing_mm"] = "spacing (z, y, x; units unknown, not mm)"
         width = max(len(n) for n in named.values())
         for k, v in d.items():
             click.echo(f"{named[k]:<{width}}  {v}")

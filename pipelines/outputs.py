@@ -162,8 +162,10 @@ def finish_metrics(metrics: dict, geometry, source: str = "the scan") -> dict:
         metrics["connectivity_density_per_mm3"] = None
         metrics["spacing_mm_zyx"] = None
         warnings.warn(f"{source}: the file gives no length unit for its voxels, so the figures are per voxel "
-                      "(connectivity_density_per_voxel3; spacing_mm_zyx is null); set the units in the file "
-                      "(NIfTI xyzt_units, TIFF resolution unit) for figures per mm^3", CtporeWarning, stacklevel=2)
+                      "(connectivity_density_per_voxel3; spacing_mm_zyx is null); set the units in the file for "
+                      "figures per mm^3 (NIfTI: xyzt_units; TIFF: ImageJ unit, or ResolutionUnit cm or inch with "
+                      "XResolution/YResolution; HDF5: the dataset's element_size_um attribute, z y x in µm)",
+                      CtporeWarning, stacklevel=2)
     cd = metrics.get("connectivity_density_per_mm3")
     if cd is None:
         cd = metrics.get("connectivity_density_per_voxel3")
@@ -378,9 +380,9 @@ def _acquire(lock: Path) -> dict:
                 raise OutputsHeld(f"another ctpore run is writing these outputs ({_holder(held)}); wait for it to "
                                   f"end, or write to another folder (-o); its lock is {lock}",
                                   lock.parent / lock.name[1:-5], held) from None
-            if _break_stale(lock, held, st):
-                warnings.warn(f"{lock}: took over a stale lock ({why}; it was {_holder(held)})", CtporeWarning,
-                              stacklevel=3)
+            if _break_stale(lock, held, st):  # named by the outputs' folder; ctpore batch adds the scan's path
+                warnings.warn(f"took over a stale lock on the outputs {lock.name[1:-5]}_* in {lock.parent.absolute()} "
+                              f"({why}; it was {_holder(held)}; lock file {lock.name})", CtporeWarning, stacklevel=3)
             continue
         except OSError as exc:
             raise InputError(f"cannot make the lock file {lock.name} ({exc.strerror or exc})", lock.parent) from exc

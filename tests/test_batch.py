@@ -342,3 +342,32 @@ def test_a_line_a_killed_run_left_unended_does_not_swallow_the_next_record(tmp_p
     got = latest_records(path)
     assert list(got) == ["a.nii", "c.nii", "d.nii"] and got["c.nii"] == rec
     assert path.read_text().endswith("\n") and path.read_text().count("\n") == 4  # the torn line ended once
+
+
+def test_a_stale_lock_warning_names_the_scans_path_and_the_output_folder(tmp_path, capsys):
+    """Two scans of one file name in different folders (run into two output folders, as the stem rule
+    asks): each stale-lock warning names its own scan's path and output folder."""
+    import socket
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a run killed long ago: its pid is gone
+    scan, _, _ = make_pair(0, shape=(16, 24, 24))
+    lines = {}
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        path = write(tmp_path / sub / "rock.nii.gz", scan)
+        (tmp_path / f"{sub}.txt").write_text(f"{sub}/rock.nii.gz\n")
+        out = tmp_path / f"out_{sub}"
+        out.mkdir()
+        (out / ".rock.lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(),
+                                                    "since": "2020-01-01T00:00:00"}))
+        with pytest.raises(SystemExit) as exc:
+            main(["batch", str(tmp_path / f"{sub}.txt"), "-o", str(out), "--method", "otsu", "--workers", "1"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 0, err
+        [line] = [ln for ln in err.splitlines() if "stale lock" in ln]
+        assert line.startswith(f"ctpore: warning: {path}: took over a stale lock"), line
+        assert str(out.absolute()) in line and f"process {dead.pid} is gone" in line, line
+        assert not (out / ".rock.lock").exists() and (out / "rock_metrics.json").exists()
+        lines[sub] = line
+    assert lines["a"] != lines["b"]

@@ -50,3 +50,17 @@ def test_every_measured_figure_in_the_readme_stands_in_a_docs_file():
     assert figures, "the README quotes no figure"
     missing = sorted(f for f in figures if f not in sources and f.lstrip("-") not in sources)
     assert not missing, f"README figures found in no docs file: {missing}"
+
+
+def test_the_napari_section_says_what_a_machine_without_a_screen_needs():
+    """Every system package .ci/run installs for the viewer tests is named in the README's napari
+    section, with Xvfb and pytest-xvfb (which the test extra brings)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## In napari", 1)[1].split("\n## ", 1)[0]
+    ci = (ROOT / ".ci" / "run").read_text()
+    packages = re.search(r"apt-get install[^\n]*\\\n\s*([^>\n]+)", ci).group(1).split()
+    assert "xvfb" in packages and any(p.startswith("libxcb") for p in packages), packages
+    missing = [p for p in packages if p not in section]
+    assert not missing, f"the napari section does not name {missing}"
+    assert "Xvfb" in section and "pytest-xvfb" in section
+    assert "pytest-xvfb" in (ROOT / "pyproject.toml").read_text()

@@ -25,8 +25,10 @@ Axis convention (TIFF)
 ----------------------
 Pages (or the files of a folder, in natural order: ``s_2.tif`` before ``s_10.tif``) are slices:
 the stack is already ``(Z, Y, X)``, so ``slice_axis`` must be None or 0. Spacing comes from ImageJ
-metadata (``unit``, ``spacing`` for z, XResolution/YResolution for x/y); a TIFF without ImageJ
-metadata (or with unit ``pixel``) has spacing 1.0 and units ``"unknown"``.
+metadata (``unit``, ``spacing`` for z, XResolution/YResolution for x/y), else from the TIFF's own
+``ResolutionUnit`` (centimetre or inch, not the 72 dpi screen default) with XResolution/YResolution,
+the slices then as far apart as the pixels are wide (a plain TIFF stores no slice spacing); a TIFF
+with neither (or with ImageJ unit ``pixel``) has spacing 1.0 and units ``"unknown"``.
 
 Axis convention (other formats)
 -------------------------------
@@ -49,7 +51,8 @@ Units
 -----
 NIfTI ``xyzt_units`` ``mm``, ``micron`` and ``meter`` are converted to mm. Unknown units (code 0,
 common in files from tools that do not set them) are *treated as mm* and reported as
-``units="unknown"`` so that the user can check the spacing (``ctpore info`` shows it).
+``units="unknown"`` so that the user can check the spacing (``ctpore info`` shows it). Outputs of a
+scan with unknown units say so too: NIfTI spatial units code 0, with the input's numbers as pixdim.
 
 Sizes policy
 ------------

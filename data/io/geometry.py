@@ -38,6 +38,7 @@ _UNITS = {
     **dict.fromkeys(("cm", "centimeter", "centimeters", "centimetre", "centimetres"), ("cm", 10.0)),
     **dict.fromkeys(("m", "meter", "meters", "metre", "metres"), ("meter", 1e3)),
     **dict.fromkeys(("angstrom", "angstroms", "å"), ("angstrom", 1e-7)),
+    **dict.fromkeys(("in", "inch", "inches"), ("inch", 25.4)),
 }
 
 
@@ -158,7 +159,7 @@ def _header_bytes(header: object | None) -> bytes | None:
 
 
 def geometry_from_array(
-    shape_zyx: tuple[int, int, int], spacing_mm: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    shape_zyx: tuple[int, int, int], spacing_mm: tuple[float, float, float] | None = None
 ) -> Geometry:
     """Geometry for an in-memory ``(Z, Y, X)`` array (API users, tests).
 
@@ -166,8 +167,9 @@ def geometry_from_array(
     ----------
     shape_zyx : tuple of int
         ``(Z, Y, X)``.
-    spacing_mm : tuple of float
-        ``(z, y, x)`` voxel size in mm.
+    spacing_mm : tuple of float, optional
+        ``(z, y, x)`` voxel size in mm. None (default): the voxel size is not known, so the
+        spacing is 1 and ``units="unknown"`` (outputs then say so: NIfTI spatial units code 0).
 
     Returns
     -------
@@ -178,13 +180,16 @@ def geometry_from_array(
     Examples
     --------
     >>> g = geometry_from_array((4, 5, 6), (0.5, 0.25, 0.25))
-    >>> g.shape, g.spacing_mm
-    ((4, 5, 6), (0.5, 0.25, 0.25))
+    >>> g.shape, g.spacing_mm, g.units
+    ((4, 5, 6), (0.5, 0.25, 0.25), 'mm')
+    >>> geometry_from_array((4, 5, 6)).units
+    'unknown'
     """
     shape = tuple(int(n) for n in shape_zyx)
     if len(shape) != 3 or min(shape) < 1:
         raise InputError(f"shape_zyx must be 3 positive sizes (Z, Y, X), got {tuple(shape_zyx)}")
-    spacing = tuple(float(d) for d in spacing_mm)
+    units = "mm" if spacing_mm is not None else "unknown"
+    spacing = tuple(float(d) for d in (spacing_mm if spacing_mm is not None else (1.0, 1.0, 1.0)))
     if len(spacing) != 3 or not all(math.isfinite(d) and d > 0 for d in spacing):
         raise InputError(f"spacing_mm must be 3 positive finite sizes (z, y, x), got {tuple(spacing_mm)}")
     return Geometry(
@@ -194,7 +199,7 @@ def geometry_from_array(
         slice_axis=0,
         file_shape=shape,
         permutation=(0, 1, 2),
-        units="mm",
+        units=units,
     )
 
 

@@ -296,6 +296,7 @@ def nifti_image(data_zyx: np.ndarray, geometry: Geometry) -> nib.Nifti1Image:
         # exactly as they are; nibabel would rewrite them from a passed affine.
         return cls(data, None, header)
     # Any other origin (TIFF, HDF5, ..., an array): NIfTI (i, j, k) = (x, y, z); qform and sform both "scanner" (1).
+    # Spacing in mm, or, when the input gave no length unit, its own numbers with units "unknown" (code 0).
     data = data_zyx.transpose(2, 1, 0)  # (X, Y, Z)
     z, y, x = geometry.spacing_mm
     affine = np.diag([x, y, z, 1.0])
@@ -304,7 +305,7 @@ def nifti_image(data_zyx: np.ndarray, geometry: Geometry) -> nib.Nifti1Image:
     header.set_data_dtype(data.dtype)
     header.set_qform(affine, code=1)
     header.set_sform(affine, code=1)
-    header.set_xyzt_units("mm")
+    header.set_xyzt_units("unknown" if geometry.units == "unknown" else "mm")
     return nib.Nifti1Image(data, None, header)
 
 

@@ -40,7 +40,7 @@ ROW_BYTES = 16 << 20
 _TILE = 256
 #: NGFF unit names of :class:`Geometry` units.
 _NGFF_UNITS = {"mm": "millimeter", "micron": "micrometer", "um": "micrometer", "nm": "nanometer",
-               "cm": "centimeter", "m": "meter", "meter": "meter"}
+               "cm": "centimeter", "m": "meter", "meter": "meter", "inch": "inch", "angstrom": "angstrom"}
 
 
 def level_shapes(shape: tuple[int, int, int]) -> list[tuple[int, int, int]]:

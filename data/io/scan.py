@@ -40,6 +40,29 @@ def _allocate(path: Path, shape: tuple[int, ...], dtype: Any, what: str) -> np.n
         raise out_of_memory(path, f"{what} ({size_text(nbytes)})", advice) from None
 
 
+def _nonfinite_message(bad: np.ndarray, start: int, stop: int, nz: int, where: str = "") -> str:
+    """What :class:`Scan` says of the NaN/Inf voxels ``bad`` (a mask of slices ``start:stop`` of
+    ``nz``): their number in what was read, as "at least" when other slices were not read here.
+
+    Examples
+    --------
+    >>> bad = np.zeros((3, 2, 2), bool); bad[1, 0, 0] = bad[2, 1, 1] = True
+    >>> _nonfinite_message(bad, 4, 7, 20).split(";")[0]
+    'at least 2 voxel(s) are NaN or Inf (or too large for float32): 2 in slices 4..6, the first in slice 5'
+    >>> _nonfinite_message(bad, 0, 3, 3).split(";")[0]
+    '2 voxel(s) are NaN or Inf (or too large for float32), the first in slice 1'
+    """
+    count = int(bad.sum())
+    first = start + int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
+    advice = ("; ctpore never guesses values: replace them (e.g. with the scan's minimum) and try again "
+              "(ctpore info counts them all: nonfinite_voxels)")
+    if start == 0 and stop == nz and not where:  # the whole scan was checked
+        return f"{count} voxel(s) are NaN or Inf (or too large for float32), the first in slice {first}{advice}"
+    return (f"at least {count} voxel(s) are NaN or Inf (or too large for float32): {count} in slices "
+            f"{start}..{stop - 1}{where}, the first in slice {first}; the rest of the scan was not checked "
+            f"here{advice}")
+
+
 class Scan:
     """A scan on disk, read lazily as ``(Z, Y, X)`` float32 slices.
 
@@ -208,14 +231,7 @@ class Scan:
         out = self._read_unchecked(start, stop)
         bad = ~np.isfinite(out)
         if bad.any():
-            count = int(bad.sum())
-            first = int(start) + int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
-            raise InputError(
-                f"{count} voxel(s) in slices {start}..{int(stop) - 1} are NaN or Inf (first in slice "
-                f"{first}; or too large for float32); ctpore never guesses values: replace them "
-                "(e.g. with the scan's minimum) and try again",
-                self.path,
-            )
+            raise InputError(_nonfinite_message(bad, int(start), int(stop), self.shape[0]), self.path)
         return out
 
     def read_window(self, start: int, stop: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
@@ -240,9 +256,10 @@ class Scan:
                                  f"({reason(exc)})", self.path) from exc
         with np.errstate(over="ignore", invalid="ignore"):
             out = np.asarray(raw, dtype=np.float32)
-        if not np.isfinite(out).all():
-            raise InputError(f"voxels in slices {start}..{stop - 1} are NaN or Inf (or too large for float32); "
-                             "ctpore never guesses values: replace them and try again", self.path)
+        bad = ~np.isfinite(out)
+        if bad.any():
+            raise InputError(_nonfinite_message(bad, int(start), int(stop), self.shape[0],
+                                                f" (rows {y0}..{y1 - 1}, columns {x0}..{x1 - 1})"), self.path)
         return np.ascontiguousarray(out)
 
     def read(self, progress: ProgressFn | None = None) -> np.ndarray:
@@ -267,7 +284,8 @@ class Scan:
         """What ``ctpore info`` shows: geometry, header codes and the intensity range.
 
         The range is computed by streaming the slices; NaN/Inf voxels are counted
-        (``nonfinite_voxels``) and left out of ``min``/``max`` instead of raising.
+        (``nonfinite_voxels``) and left out of ``min``/``max`` instead of raising. ``spacing_mm``
+        is in mm unless ``units`` is ``"unknown"``: then it is the file's own numbers.
         """
         g = self.geometry
         info: dict[str, Any] = {

@@ -1,6 +1,8 @@
 """TIFF: a multi-page file or a folder of single-slice files (natural order), and the ImageJ writer.
 
-Pages are slices, so a TIFF stack is already ``(Z, Y, X)``. Spacing comes from ImageJ metadata.
+Pages are slices, so a TIFF stack is already ``(Z, Y, X)``. Spacing comes from ImageJ metadata
+(``unit``, ``spacing``) or the TIFF resolution tags (``ResolutionUnit`` centimetre or inch, with
+``XResolution``/``YResolution``); see :func:`_tiff_spacing`.
 Before any pixel is read, the sizes the tags describe are checked against the file (and an image
 that must be read whole, against memory): a file whose tags lie is refused with one line.
 """
@@ -27,55 +29,66 @@ from ctpore.data.io.formats import (
     size_text,
     truncated_error,
 )
-from ctpore.data.io.geometry import Geometry, to_mm
+from ctpore.data.io.geometry import Geometry, to_mm, unit_to_mm
 from ctpore.data.io.reader import PlaneReader
 from ctpore.errors import InputError
 
 __all__ = ["TiffStackReader", "TiffFolderReader", "write_tiff"]
 
-# ImageJ 'unit' strings -> (canonical name, mm per unit).
-_IMAGEJ_UNIT_MM = {
-    **dict.fromkeys(("mm", "millimeter", "millimeters", "millimetre", "millimetres"), ("mm", 1.0)),
-    **dict.fromkeys(
-        ("um", "µm", "μm", "\\u00b5m", "micron", "microns", "micrometer", "micrometers", "micrometre"),
-        ("micron", 1e-3),
-    ),
-    **dict.fromkeys(("nm", "nanometer", "nanometers", "nanometre"), ("nm", 1e-6)),
-    **dict.fromkeys(("cm", "centimeter", "centimeters", "centimetre"), ("cm", 10.0)),
-    **dict.fromkeys(("m", "meter", "meters", "metre"), ("meter", 1e3)),
-    **dict.fromkeys(("in", "inch", "inches"), ("inch", 25.4)),
-}
+# TIFF ResolutionUnit tag values -> (unit name, mm per unit); 1 (NONE) names no unit.
+_RESOLUTION_UNITS = {2: ("inch", 25.4), 3: ("cm", 10.0)}
+
+#: The resolution (pixels per inch) image tools write by default for a screen, not for a scan: a
+#: TIFF that gives it in inches has no known pixel size (ImageJ ignores it the same way).
+_SCREEN_DPI = 72.0
 
 # TIFF data types ImageJ can store (tifffile refuses others with imagej=True).
 _IMAGEJ_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int16), np.dtype(np.float32))
 
 
-def _imagej_spacing(tif: tifffile.TiffFile, page: Any) -> tuple[tuple[float, float, float], str]:
-    """``((z, y, x) in mm, unit)`` from ImageJ metadata; ``((1, 1, 1), "unknown")`` without."""
-    meta = tif.imagej_metadata or {}
-    raw_unit = str(meta.get("unit", "")).strip().lower().replace("\\u00b5", "µ")
-    known = _IMAGEJ_UNIT_MM.get(raw_unit) or _IMAGEJ_UNIT_MM.get(raw_unit.replace("µ", "\\u00b5"))
-    if known is None:
-        return (1.0, 1.0, 1.0), "unknown"
-    unit, factor = known
-
-    def per_pixel(tag_name: str) -> float:
-        tag = page.tags.get(tag_name)
-        if tag is None:
-            return 1.0
-        value = tag.value
-        num, den = (value if isinstance(value, tuple) else (value, 1))[:2]
-        if not num or not den:
-            return 1.0
-        return float(den) / float(num)  # resolution is pixels per unit
-
-    z = meta.get("spacing", 1.0)
+def _per_unit(page: Any, tag_name: str) -> float | None:
+    """Pixel size in the resolution's unit from ``XResolution``/``YResolution`` (pixels per unit)."""
+    tag = page.tags.get(tag_name)
+    if tag is None:
+        return None
+    value = tag.value
+    num, den = (value if isinstance(value, tuple) else (value, 1))[:2]
     try:
-        z = abs(float(z))
-    except (TypeError, ValueError):
-        z = 1.0
-    spacing = (z or 1.0, per_pixel("YResolution"), per_pixel("XResolution"))
-    return tuple(to_mm(d, factor) for d in spacing), unit  # type: ignore[return-value]
+        size = float(den) / float(num)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    return size if math.isfinite(size) and size > 0 else None
+
+
+def _tiff_spacing(tif: tifffile.TiffFile, page: Any) -> tuple[tuple[float, float, float], str]:
+    """``((z, y, x) in mm, unit)`` from ImageJ metadata or the TIFF resolution tags.
+
+    The unit: ImageJ's ``unit`` (``micron``, ``µm``, ``cm``, ``inch``, ...); else the
+    ``ResolutionUnit`` tag, ``CENTIMETER`` (3) or ``INCH`` (2, unless at the 72 dpi screen default).
+    x and y: ``XResolution`` and ``YResolution`` (pixels per unit). z: ImageJ's ``spacing``; a TIFF
+    without it (not written by ImageJ) stores no slice spacing, and its slices are taken to be as far
+    apart as its pixels are wide (cubic voxels, as a CT reconstruction's are). Without a unit:
+    ``((1, 1, 1), "unknown")``.
+    """
+    meta = tif.imagej_metadata or {}
+    known = unit_to_mm(str(meta.get("unit", "")).strip().lower().replace("\\u00b5", "µ"))
+    y, x = _per_unit(page, "YResolution"), _per_unit(page, "XResolution")
+    if known is None:  # no ImageJ unit: the TIFF's own resolution unit
+        tag = page.tags.get("ResolutionUnit")
+        try:
+            known = _RESOLUTION_UNITS.get(int(tag.value)) if tag is not None else None
+        except (TypeError, ValueError):
+            known = None
+        if known is None or x is None or (known[0] == "inch" and abs(x * _SCREEN_DPI - 1.0) < 1e-6):
+            return (1.0, 1.0, 1.0), "unknown"
+    unit, factor = known
+    x = x or 1.0
+    y = y or x
+    try:
+        z = abs(float(meta["spacing"])) or 1.0
+    except (KeyError, TypeError, ValueError):
+        z = 1.0 if tif.is_imagej else x
+    return tuple(float(f"{to_mm(d, factor):.12g}") for d in (z, y, x)), unit  # type: ignore[return-value]
 
 
 def _series_yx(series: Any, path: Path, what: str) -> tuple[int, tuple[int, int]]:
@@ -187,7 +200,7 @@ class TiffStackReader(PlaneReader):
                     "tifffile), use a machine with more memory, or check that the file's header is right",
                 )
                 self.whole = np.asarray(series.asarray()).reshape(self.shape)
-            spacing, unit = _imagej_spacing(self.tif, self.tif.pages[0])
+            spacing, unit = _tiff_spacing(self.tif, self.tif.pages[0])
             file_shape = tuple(int(v) for v in series.shape)
             check_3d(self.shape, path, file_shape)
         except (InputError, MemoryError):
@@ -261,7 +274,7 @@ class TiffFolderReader(PlaneReader):
                             path,
                         )
                     if i == 0:
-                        spacing, unit = _imagej_spacing(tif, tif.pages[0])
+                        spacing, unit = _tiff_spacing(tif, tif.pages[0])
                         dtype = np.dtype(series.dtype)
                         check_grayscale_dtype(dtype, path)
             except (InputError, MemoryError):

@@ -49,7 +49,9 @@ def save_volume(
     the data type changed, ``scl_slope``/``scl_inter`` reset (values stored as given) and
     ``cal_min``/``cal_max`` reset; affine, qform/sform matrices and codes, pixdim and
     ``xyzt_units`` are unchanged. From TIFF or array geometry: data in (i=x, j=y, k=z) order,
-    ``affine = diag(x, y, z, 1)`` in mm, qform and sform codes both 1 (scanner).
+    ``affine = diag(x, y, z, 1)`` in mm, qform and sform codes both 1 (scanner); when the input
+    gave no length unit (``geometry.units == "unknown"``) its numbers are kept as they are and the
+    spatial unit is ``unknown`` (``xyzt_units`` code 0), so a reader does not take them as mm.
     TIFF: pages are the Z slices.
 
     The data goes through :func:`atomic_write`: a temporary file in the same folder, renamed
