@@ -26,6 +26,7 @@ from ctpore.app.console import option as _option
 from ctpore.app.console import resource_error as _resource_error
 from ctpore.app.console import show_warning as _show_warning
 from ctpore.app.console import output_format_option as _output_format_option
+from ctpore.app.console import sample_margin_option as _sample_margin_option
 from ctpore.app.console import tmp_dir_option as _tmp_dir_option
 from ctpore.app.console import warn as _warn
 from ctpore.errors import InputError
@@ -123,13 +124,15 @@ def _method_help() -> str:
          help="Also remove pore components smaller than this many voxels (a size rule of your own, on top of "
               "the method's post-processing; recorded in the metrics).")
 @_option("--sample", default="auto", show_default=True,
-         help="Which voxels are the sample: auto (find an empty or air outside connected to the slices' border, "
-              "as around a cylindrical core, and leave it out of every figure), all (every voxel), or a mask "
-              "file (1 = sample) of the scan's shape and affine.")
+         help="Which voxels are the sample: auto (find it by its shape: a cylinder fitted to a core's surface, "
+              "a container's wall and the air around left out, or a block's outline; every figure is of the "
+              "sample only), all (every voxel), or a mask file (1 = sample) of the scan's shape and affine.")
+@_sample_margin_option
 @_tmp_dir_option
 @_output_format_option
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
-                chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, tmp_dir, output_format):
+                chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, sample_margin, tmp_dir,
+                output_format):
     """Reconstruct the 3D pores of SCANS (NIfTI, TIFF, HDF, MetaImage, NRRD or OME-Zarr files, or folders of slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
@@ -166,7 +169,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
                     min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
                     sample=sample if sample in ("auto", "all") else Path(sample), tmp_dir=tmp_dir,
-                    output_format=output_format,
+                    output_format=output_format, sample_margin=sample_margin,
                 )
         except InputError as exc:
             _error(str(exc))
@@ -207,10 +210,11 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
               "task whose worker died, which batch retries and reports as 'retried').")
 @_option("--sample", default="auto", show_default=True, type=click.Choice(["auto", "all"]),
          help="As for reconstruct (a scan's own mask goes in the manifest's 'mask' column).")
+@_sample_margin_option
 @_tmp_dir_option
 @_output_format_option
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb,
-          gpu_memory_gb, verbose, sample, tmp_dir, output_format):
+          gpu_memory_gb, verbose, sample, sample_margin, tmp_dir, output_format):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
@@ -232,7 +236,8 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
                         retries=retries, part=part, on_record=say.record, on_start=say.start, on_retry=say.retry,
                         verbose=verbose, options={"method": method, "weights": weights, "memory_gb": memory_gb,
                                                   "gpu_memory_gb": gpu_memory_gb, "sample": sample,
-                                                  "tmp_dir": tmp_dir, "output_format": output_format})
+                                                  "sample_margin": sample_margin, "tmp_dir": tmp_dir,
+                                                  "output_format": output_format})
     s = summarize(res["records"])
     click.echo(final_line(s, outdir, SUMMARY_NAME))
     return EXIT_PARTIAL if s["failed"] else EXIT_OK

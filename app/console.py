@@ -181,6 +181,13 @@ def tmp_dir_option(f):
                        "free space there and in the output folder is checked before any work.")(f)
 
 
+def sample_margin_option(f):
+    """``--sample-margin`` (reconstruct, batch): erode the sample by N voxels."""
+    return option("--sample-margin", type=click.IntRange(0), default=0, show_default=True,
+                  help="Erode the sample (found or given) by this many voxels within each slice, from its surface "
+                       "(a cut face at the slice's edge stays): users often drop a damaged rim.")(f)
+
+
 def output_format_option(f):
     """``--output-format`` (reconstruct, batch): NIfTI files or OME-Zarr stores."""
     return option("--output-format", type=click.Choice(["nifti", "ome-zarr"]), default="nifti", show_default=True,

@@ -1,25 +1,29 @@
-"""The sample and its outside: the region of a scan that is not the material.
+"""The sample and its outside: which voxels of a scan are the material, found by its shape.
 
-Real scans are mostly cylindrical cores (or boxes with a margin) with the reconstruction's empty or
-air-filled outside around them. Counting that outside as pore gives a confidently wrong porosity,
-so every figure of ctpore is of the sample only. :func:`find_outside` looks for an outside from the
-border of the slices; :func:`outside_of` then marks it slice by slice:
+Real scans are mostly cylindrical cores (often off the rotation axis, often in a plastic or aluminium
+tube, sometimes cut by a circular field of view), or blocks, with the reconstruction's empty or
+air-filled outside around them. Counting that outside as pore gives a confidently wrong porosity, so
+every figure of ctpore is of the sample only. :func:`find_sample` reads a few slices once and says
+where the sample is (:class:`SampleFit`); :meth:`SampleFit.outside` then marks the outside slab by
+slab:
 
 ``constant``
-    Most of the slices' border holds one exact grey value (the value a reconstruction writes
-    outside its field of view, often 0). The outside is that value, where it is connected to the
-    slice's border.
+    Most of the slices' border holds one exact grey value (what a reconstruction writes beyond its
+    field of view, often 0) that is rare in the middle: that value, connected to the border, is
+    outside (and left out of every statistic of the fit).
+``cylinder``
+    A core: a cylinder fitted to the material's surface in sector profiles
+    (:mod:`ctpore.data.envelope`), a container wall and the air between it and the core left out.
+``outline``
+    A sample that is not a cylinder (a block, a prism): the convex hull of its material, slab by slab.
 ``dark``
-    The border is nearly uniform and darker than anything in the middle of the slices (air around
-    a core, darker than the pores), judged on each pixel's 3 x 3 neighbourhood median, where the
-    noise is smaller. The outside is what is that dark (at most the border's level plus four of its
-    noise widths, and below halfway to the middle's darkest percent), where it is connected to the
-    slice's border through more than a narrow mouth (a pore open at the surface is not taken in);
-    then one more pixel where a voxel is darker than halfway between the air and the material's
-    median (the partial-volume rim of the core's surface).
+    No shape could be fitted, but the border is nearly uniform and darker than anything in the middle:
+    what is that dark and connected to the border is outside (judged by grey value alone, so the
+    result is flagged as uncertain).
 
-A scan whose border is material (a block of rock filling the volume) has no outside: no rule is
-found and every voxel is sample, so its figures are exactly those of the whole volume.
+An air outside is as dark as a dry sample's pores; the shape tells them apart where the grey value
+cannot. A scan whose border is material on every side (a block of rock filling the volume) has no
+outside: every voxel is sample, and its figures are exactly those of the whole volume.
 
 Examples
 --------
@@ -27,26 +31,32 @@ Examples
 >>> scan = rng.normal(1000, 50, (6, 40, 40)).astype(np.float32)
 >>> zz, yy, xx = np.indices(scan.shape)
 >>> scan[(yy - 19.5) ** 2 + (xx - 19.5) ** 2 > 17 ** 2] = 0        # a core inside a zero outside
->>> rule = find_outside(scan)
->>> rule.kind, rule.level
+>>> fit = find_sample(scan)
+>>> fit.kind, fit.constant
 ('constant', 0.0)
->>> inside = ~outside_of(scan, rule)
+>>> inside = ~fit.outside(scan, 0)[0]
 >>> int(inside.sum()) == int(((yy - 19.5) ** 2 + (xx - 19.5) ** 2 <= 17 ** 2).sum())
 True
->>> find_outside(rng.normal(1000, 50, (6, 40, 40))) is None        # material up to the border
-True
+>>> find_sample(rng.normal(1000, 50, (6, 40, 40))).kind        # material up to the border
+'none'
 """
 
 from __future__ import annotations
 
+import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 from scipy import ndimage as ndi
 
-__all__ = ["OutsideRule", "find_outside", "outside_of", "describe_rule"]
+from ctpore.data.envelope import Envelope, fit_envelope, sample_slices
+
+__all__ = ["SampleFit", "find_sample", "KINDS"]
+
+#: What :attr:`SampleFit.kind` may be.
+KINDS = ("none", "constant", "cylinder", "outline", "dark")
 
 #: Share of the border pixels that must hold the outside's grey value (exactly, or within its noise).
 _BORDER_SHARE = 0.6
@@ -60,27 +70,6 @@ _UNIFORM = 0.35
 _MOUTH = 2
 
 
-@dataclass(frozen=True)
-class OutsideRule:
-    """How the outside of a scan looks (see the module docstring).
-
-    Attributes
-    ----------
-    kind : {"constant", "dark"}
-    level : float
-        The outside's grey value (``constant``) or the border's median (``dark``).
-    upper : float
-        Voxels at or below this (``dark``; equal to ``level`` for ``constant``) may be outside.
-    rim : float
-        One pixel more is outside where the grey value is below this (``dark``; else ``-inf``).
-    """
-
-    kind: str
-    level: float
-    upper: float
-    rim: float = float("-inf")
-
-
 def _border(sl: np.ndarray, width: int = 2) -> np.ndarray:
     return np.concatenate([sl[:width].ravel(), sl[-width:].ravel(), sl[:, :width].ravel(), sl[:, -width:].ravel()])
 
@@ -90,48 +79,19 @@ def _middle(sl: np.ndarray) -> np.ndarray:
     return sl[y // 4: y - y // 4, x // 4: x - x // 4].ravel()
 
 
-def find_outside(volume, max_slices: int = 16) -> Optional[OutsideRule]:
-    """The rule that marks a scan's outside, or None when the material reaches the border.
-
-    Parameters
-    ----------
-    volume : array_like or Scan
-        Raw grey values ``(Z, Y, X)``, sliceable along Z (``volume[z0:z1]``).
-    max_slices : int
-        At most this many slices, evenly spaced, are looked at.
-    """
-    nz, ny, nx = (int(s) for s in volume.shape)
-    if ny < 8 or nx < 8:
-        return None
-    cached = _RULES.get(volume, {}) if _weakrefable(volume) else {}
-    if max_slices in cached:
-        return cached[max_slices]
-    zs = np.unique(np.linspace(0, nz - 1, min(nz, max_slices)).round().astype(int))
-    border, middle, border_f, middle_f = [], [], [], []
-    for z in zs:
-        sl = np.asarray(volume[int(z): int(z) + 1], dtype=np.float64)[0]
-        border.append(_border(sl))
-        middle.append(_middle(sl))
-        # what outside_of judges a dark pixel by: the 3 x 3 median, here only where it is looked at
-        b_f, m_f = _filtered_border_and_middle(sl)
-        border_f.append(b_f)
-        middle_f.append(m_f)
-    rule = _find_rule(border, middle, border_f, middle_f)
-    if _weakrefable(volume):
-        _RULES.setdefault(volume, {})[max_slices] = rule  # a run asks twice (the disk estimate, the mask)
-    return rule
-
-
-def _weakrefable(volume) -> bool:
-    return not isinstance(volume, np.ndarray) and hasattr(volume, "__weakref__")
-
-
-#: find_outside's answer per scan object (a Scan, not an array, whose contents may change).
-_RULES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def _median3(a: np.ndarray) -> np.ndarray:
     return ndi.median_filter(a, size=3, mode="nearest")
+
+
+@dataclass(frozen=True)
+class _DarkRule:
+    """The grey-value rule for a dark outside (``dark``): at most ``upper``, judged on each pixel's
+    3 x 3 median, connected to the border through more than a narrow mouth, and one pixel more below
+    ``rim`` (the partial-volume rim of the surface)."""
+
+    level: float
+    upper: float
+    rim: float
 
 
 def _filtered_border_and_middle(sl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,60 +108,306 @@ def _filtered_border_and_middle(sl: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return border, mid.ravel()
 
 
-def _find_rule(border, middle, border_f, middle_f) -> Optional[OutsideRule]:
-    b, m = np.concatenate(border), np.concatenate(middle)
-    values, counts = np.unique(b, return_counts=True)
-    mode = float(values[np.argmax(counts)])
-    if counts.max() >= _BORDER_SHARE * b.size and np.count_nonzero(m == mode) < 0.01 * m.size:
-        return OutsideRule("constant", mode, mode)
-    bf, mf = np.concatenate(border_f), np.concatenate(middle_f)
+def _dark_rule(slices) -> Optional[_DarkRule]:
+    """A uniform border darker than anything in the middle of the slices (each pixel judged by its
+    3 x 3 median, where the noise is smaller), or None."""
+    bf, mf, m = [], [], []
+    for sl in slices:
+        b, f = _filtered_border_and_middle(sl)
+        bf.append(b)
+        mf.append(f)
+        m.append(_middle(sl))
+    bf, mf, m = np.concatenate(bf), np.concatenate(mf), np.concatenate(m)
     b_q, m_q = np.percentile(bf, [25, 50, 75]), np.percentile(mf, [1, 50])
     b_iqr, level = float(b_q[2] - b_q[1]), float(b_q[1])
     if level >= m_q[0] or b_iqr > _UNIFORM * (float(m_q[1]) - level):
-        return None  # the border is material: no darker than the material's darkest, or mixed grey values
+        return None
     noise = max(b_iqr / 1.349, 1e-12)
     upper = min(level + 4 * noise, 0.5 * (level + float(m_q[0])))
     if np.count_nonzero(bf <= upper) < _BORDER_SHARE * bf.size:
         return None
-    return OutsideRule("dark", level, float(upper), rim=0.5 * (level + float(np.median(m))))
+    return _DarkRule(level, float(upper), 0.5 * (level + float(np.median(m))))
 
 
-def outside_of(raw: np.ndarray, rule: OutsideRule) -> np.ndarray:
-    """Bool ``(n, Y, X)``: the outside in slices of raw grey values, each slice on its own (what
-    the rule allows, connected to the slice's border; the rim pixel for ``dark``)."""
-    raw = np.asarray(raw)
-    dark = rule.kind == "dark"
-    if dark:  # air is noisy: judge each pixel with its 3 x 3 neighbourhood's median
-        cand = ndi.median_filter(raw, size=(1, 3, 3), mode="nearest") <= rule.upper
-    else:
-        cand = raw == rule.level
-    out = np.zeros(raw.shape, bool)
+def _constant_level(slices) -> Optional[float]:
+    """The exact grey value of most of the slices' border when it is rare in their middle, or None."""
+    b = np.concatenate([_border(sl) for sl in slices])
+    m = np.concatenate([_middle(sl) for sl in slices])
+    values, counts = np.unique(b, return_counts=True)
+    mode = float(values[np.argmax(counts)])
+    if counts.max() >= _BORDER_SHARE * b.size and np.count_nonzero(m == mode) < 0.01 * m.size:
+        return mode
+    return None
+
+
+def _connected_to_border(cand: np.ndarray, erode: int = 0) -> np.ndarray:
+    """Bool ``(Y, X)``: the pixels of ``cand`` connected to the slice's border (4-connected), flooding
+    only through what survives an erosion by ``erode`` pixels and then growing back within ``cand``."""
     cross = ndi.generate_binary_structure(2, 1)
-    disk = ndi.iterate_structure(cross, _MOUTH)
-    for i in range(raw.shape[0]):
-        # Dark air may be as dark as the pores: flood only through what stays after an erosion, so
-        # that pores open at the sample's surface through a narrow mouth are not taken in, and then
-        # grow back over the eroded band (within what the rule allows).
-        seed = ndi.binary_erosion(cand[i], disk, border_value=1) if dark else cand[i]
-        lab, n = ndi.label(seed, structure=cross)
-        if not n:
-            continue
-        edge = np.unique(np.concatenate([lab[0], lab[-1], lab[:, 0], lab[:, -1]]))
-        keep = np.zeros(n + 1, bool)
-        keep[edge] = True
-        keep[0] = False
-        out[i] = keep[lab]
-        if dark:
-            out[i] = ndi.binary_dilation(out[i], disk) & cand[i]
-            out[i] |= ndi.binary_dilation(out[i], cross) & (raw[i] < rule.rim)  # the partial-volume rim
+    disk = ndi.iterate_structure(cross, erode) if erode else None
+    seed = ndi.binary_erosion(cand, disk, border_value=1) if erode else cand
+    lab, n = ndi.label(seed, structure=cross)
+    out = np.zeros(cand.shape, bool)
+    if not n:
+        return out
+    edge = np.unique(np.concatenate([lab[0], lab[-1], lab[:, 0], lab[:, -1]]))
+    keep = np.zeros(n + 1, bool)
+    keep[edge] = True
+    keep[0] = False
+    out = keep[lab]
+    if erode:
+        out = ndi.binary_dilation(out, disk) & cand
     return out
 
 
-def describe_rule(rule: Optional[OutsideRule]) -> str:
-    """How the outside was found, in words (for the metrics and the warning)."""
-    if rule is None:
-        return "no outside: the material reaches the border"
-    if rule.kind == "constant":
-        return f"the constant grey value {rule.level:g} connected to the slices' border"
-    return (f"grey values up to {rule.upper:g} (the border's level {rule.level:g}, darker than the material) "
-            "connected to the slices' border")
+@dataclass
+class SampleFit:
+    """Where the sample is (:func:`find_sample`), fitted once and used by every later step.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        ``(Z, Y, X)`` of the scan.
+    spacing_mm : tuple of float
+        Voxel size (z, y, x) the geometry is in.
+    constant : float or None
+        The grey value beyond a field of view (``constant`` outside), if any.
+    envelope : Envelope
+        The fitted shape (:func:`~ctpore.data.envelope.fit_envelope`).
+    dark : _DarkRule or None
+        The grey-value rule used when no shape fits (``kind == "dark"``).
+    """
+
+    shape: tuple
+    spacing_mm: tuple
+    constant: Optional[float]
+    envelope: Envelope
+    dark: Optional[_DarkRule] = None
+    checks: dict = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        if self.envelope.kind in ("cylinder", "outline"):
+            return self.envelope.kind
+        if self.dark is not None:
+            return "dark"
+        return "constant" if self.constant is not None else "none"
+
+    @property
+    def has_outside(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def confident(self) -> bool:
+        """Whether the outside rests on a shape that fits (else the result is said to be uncertain)."""
+        env = self.envelope
+        if self.kind == "dark":
+            return False
+        # every sector either shows the surface or is cut by the slice's edge, and no material lies
+        # just outside a cylinder
+        seen = env.points + env.cut >= 0.5 * max(env.sectors, 1)
+        if self.kind == "cylinder":
+            return env.points >= 8 and seen and self.checks.get("stray", 0.0) <= 0.2
+        if self.kind == "outline":
+            return seen
+        return True
+
+    def _inside_shape(self, raw: np.ndarray, z0: int, valid) -> Optional[np.ndarray]:
+        env = self.envelope
+        n, ny, nx = raw.shape
+        if env.kind == "cylinder":
+            return np.stack([env.cylinder.inside(float(z0 + i), (ny, nx), self.spacing_mm[1:]) for i in range(n)])
+        if env.kind == "outline":
+            return env.outline.inside(raw, z0, self.spacing_mm, valid)
+        return None
+
+    def outside(self, raw: np.ndarray, z0: int, margin: int = 0) -> tuple[np.ndarray, int]:
+        """Bool ``(n, Y, X)``, True outside the sample, for the slices ``z0 : z0 + n`` of raw grey
+        values; and how many of those voxels are the region a shape (or the dark rule) left out, as
+        against the field of view's constant outside and a container's wall (the region whose
+        voxels would be pore if the shape were wrong).
+
+        ``margin``: the sample is eroded by that many voxels within each slice (a damaged rim), from
+        its own surface: a cut face at the slice's edge stays where it is.
+        """
+        raw = np.asarray(raw, np.float32)
+        n = raw.shape[0]
+        const = np.zeros(raw.shape, bool)
+        if self.constant is not None:
+            for i in range(n):
+                const[i] = _connected_to_border(raw[i] == self.constant)
+        valid = None if self.constant is None else list(~const)
+        inside = self._inside_shape(raw, z0, valid)
+        if inside is None and self.dark is not None:
+            inside = ~self._dark_outside(raw)
+        if inside is None:
+            inside = np.ones(raw.shape, bool)
+        region = ~inside & ~const
+        wall = self._wall(raw.shape, z0)
+        if wall is not None:
+            region &= ~wall
+        if margin > 0:
+            disk = ndi.iterate_structure(ndi.generate_binary_structure(2, 1), int(margin))
+            for i in range(n):
+                inside[i] = ndi.binary_erosion(inside[i], disk, border_value=1)
+        out = ~inside | const
+        return out, int(np.count_nonzero(region))
+
+    def _wall(self, shape, z0: int) -> Optional[np.ndarray]:
+        wall = self.envelope.wall
+        if wall is None:
+            return None
+        n, ny, nx = shape
+        outer = wall["outer"]
+        return np.stack([outer.inside(float(z0 + i), (ny, nx), self.spacing_mm[1:])
+                         & ~outer.inside(float(z0 + i), (ny, nx), self.spacing_mm[1:], shrink_mm=wall["thickness_mm"])
+                         for i in range(n)])
+
+    def _dark_outside(self, raw: np.ndarray) -> np.ndarray:
+        rule = self.dark
+        cand = ndi.median_filter(raw, size=(1, 3, 3), mode="nearest") <= rule.upper
+        cross = ndi.generate_binary_structure(2, 1)
+        out = np.zeros(raw.shape, bool)
+        for i in range(raw.shape[0]):
+            out[i] = _connected_to_border(cand[i], _MOUTH)
+            out[i] |= ndi.binary_dilation(out[i], cross) & (raw[i] < rule.rim)  # the partial-volume rim
+        return out
+
+    def describe(self) -> str:
+        """How the sample was found, in words (for the metrics and the warnings)."""
+        env, kind = self.envelope, self.kind
+        fov = (f" within a field of view whose outside holds the constant grey value {self.constant:g}"
+               if self.constant is not None else "")
+        if kind == "none":
+            return "no outside: the material reaches the border"
+        if kind == "constant":
+            return f"the constant grey value {self.constant:g} connected to the slices' border"
+        if kind == "cylinder":
+            c = env.cylinder
+            cy, cx = c.centre_at(c.z_ref)
+            text = (f"a cylinder of radius {c.radius_mm:.4g} mm about ({cy:.4g}, {cx:.4g}) mm (y, x) fitted to the "
+                    f"material's surface (spread {env.spread_vox:.2f} voxels over {env.points} of {env.sectors} "
+                    "sectors)")
+            if env.wall is not None:
+                text += f", inside a container wall {env.wall['thickness_mm']:.3g} mm thick"
+            return text + fov
+        if kind == "outline":
+            return "the outline (convex hull) of the material, slab by slab" + fov
+        return ("grey values up to {:g} connected to the slices' border (no shape fits: uncertain)"
+                .format(self.dark.upper))
+
+    def info(self) -> dict:
+        """The geometry for the metrics: kind, confidence, fitted sizes in mm, fit spread in voxels."""
+        env = self.envelope
+        d: dict = {"kind": self.kind, "confident": bool(self.confident)}
+        if self.constant is not None:
+            d["field_of_view_value"] = self.constant
+        if self.kind in ("cylinder", "outline"):
+            c = env.cylinder
+            d["fit"] = {"spread_vox": _r(env.spread_vox), "sectors": int(env.sectors),
+                        "surface_points": int(env.points), "cut_sectors": int(env.cut)}
+            if self.kind == "cylinder":
+                cy, cx = c.centre_at(c.z_ref)
+                tilt = [c.drift_mm[0] / self.spacing_mm[0], c.drift_mm[1] / self.spacing_mm[0]]
+                d["cylinder"] = {"centre_mm_yx": [_r(cy), _r(cx)], "at_slice": _r(c.z_ref),
+                                 "radius_mm": _r(c.radius_mm), "axis_tilt_yx": [_r(t) for t in tilt]}
+                d["fit"]["stray_material"] = _r(self.checks.get("stray", 0.0))
+        if env.wall is not None:
+            w = env.wall
+            oy, ox = w["outer"].centre_at(w["outer"].z_ref)
+            d["wall"] = {"outer_radius_mm": _r(w["r_out"]), "thickness_mm": _r(w["thickness_mm"]),
+                         "centre_mm_yx": [_r(oy), _r(ox)], "grey_level": _r(w["level"])}
+        d["levels"] = {k: _r(v) for k, v in env.levels.items()}
+        return d
+
+
+def _r(v: float, digits: int = 5) -> float:
+    return float(f"{float(v):.{digits}g}") if math.isfinite(float(v)) else float("nan")
+
+
+def _weakrefable(volume) -> bool:
+    return not isinstance(volume, np.ndarray) and hasattr(volume, "__weakref__")
+
+
+#: find_sample's answer per scan object (a Scan, not an array, whose contents may change).
+_FITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _stray(slices, valid, env: Envelope, spacing) -> float:
+    """The share of material (brighter than halfway between the air and the material) in a band 2 to
+    8 voxels outside a fitted cylinder (and its wall): near 0 when the cylinder is the sample's surface,
+    large when it cuts through the sample."""
+    from ctpore.data.envelope import smooth_masked
+
+    c = env.wall["outer"] if env.wall is not None else env.cylinder
+    px = min(spacing[1], spacing[2])
+    half = 0.5 * (env.levels["air"] + env.levels["material"])
+    hit = tot = 0
+    for sl, ok, z in zip(slices, valid, env.zs):
+        ny, nx = sl.shape
+        band = c.inside(float(z), (ny, nx), spacing[1:], shrink_mm=-8 * px) & ~c.inside(
+            float(z), (ny, nx), spacing[1:], shrink_mm=-2 * px)
+        if ok is not None:
+            band &= ok
+        g = smooth_masked(sl, ok)
+        hit += int(np.count_nonzero(band & (g > half)))
+        tot += int(np.count_nonzero(band))
+    return hit / tot if tot else 0.0
+
+
+def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> SampleFit:
+    """Where the sample is in a scan (see the module docstring).
+
+    Parameters
+    ----------
+    volume : array_like or Scan
+        Raw grey values ``(Z, Y, X)``, sliceable along Z (``volume[z0:z1]``).
+    spacing_mm : tuple of float, optional
+        Voxel size (z, y, x); a Scan's own by default, else isotropic.
+    max_slices : int, optional
+        At most this many slices, evenly spaced, are read (default
+        :data:`~ctpore.data.envelope.MAX_SLICES`).
+    """
+    from ctpore.data.envelope import MAX_SLICES
+
+    nz, ny, nx = (int(s) for s in volume.shape)
+    if spacing_mm is None:
+        geometry = getattr(volume, "geometry", None)
+        spacing_mm = geometry.spacing_mm if geometry is not None else (1.0, 1.0, 1.0)
+    spacing = tuple(float(s) for s in spacing_mm)
+    n_max = MAX_SLICES if max_slices is None else int(max_slices)
+    key = (spacing, n_max)
+    cached = _FITS.get(volume, {}) if _weakrefable(volume) else {}
+    if key in cached:
+        return cached[key]
+    none = SampleFit((nz, ny, nx), spacing, None, Envelope("none"))
+    if ny < 8 or nx < 8:
+        return none
+    zs = sample_slices(nz, n_max)
+    slices = [np.asarray(volume[int(z): int(z) + 1], dtype=np.float32)[0] for z in zs]
+    constant = _constant_level(slices)
+    valid = [None] * len(slices)
+    if constant is not None:
+        valid = [~_connected_to_border(sl == constant) for sl in slices]
+    env = fit_envelope(slices, zs, spacing, valid)
+    env.zs = zs
+    fit = SampleFit((nz, ny, nx), spacing, constant, env)
+    if env.kind == "cylinder":
+        fit.checks["stray"] = _stray(slices, valid, env, spacing)
+        if fit.checks["stray"] > 0.2 and env.wall is None:
+            # the cylinder cuts through material: not the sample's surface; take the outline
+            from ctpore.data.envelope import Outline
+
+            px = min(spacing[1], spacing[2])
+            k = int(np.clip(2 * np.pi * env.cylinder.radius_mm / (4.0 * px), 64, 360))
+            lv = env.levels
+            env.kind = "outline"
+            env.outline = Outline(env.cylinder, k, lv["air"], lv["air"] + 0.25 * (lv["material"] - lv["air"]),
+                                  lv["material"])
+    if env.kind == "none" and constant is None:
+        fit.dark = _dark_rule(slices)
+    if _weakrefable(volume):
+        _FITS.setdefault(volume, {})[key] = fit  # a run asks twice (the disk estimate, the mask)
+    return fit
+
+

@@ -170,6 +170,7 @@ def _options_key(options: dict, weights_sha: Optional[str]) -> dict:
     return {"method": options.get("method"), "weights_sha256": weights_sha,
             "precision": options.get("precision"), "device_type": str(options.get("device", "cpu")).split(":")[0],
             "sample": options.get("sample", "auto"),
+            **({"sample_margin": m} if (m := options.get("sample_margin", 0)) else {}),
             **({"output_format": fmt} if (fmt := options.get("output_format", "nifti")) != "nifti" else {})}
 
 

@@ -138,14 +138,14 @@ def copy_made(scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
 
 def has_outside(scan: Any, sample: Any = "auto") -> bool:
     """Whether a run with ``sample`` (``auto``, ``all`` or a mask) works with an outside: a mask
-    always, ``auto`` when :func:`~ctpore.data.sample.find_outside` finds one (it reads at most 16
-    slices), ``all`` never."""
+    always, ``auto`` when :func:`~ctpore.data.sample.find_sample` finds one (it reads at most 16
+    slices, once per scan: the run that follows uses the same fit), ``all`` never."""
     if sample is None or (isinstance(sample, str) and sample == "all"):
         return False
     if isinstance(sample, str) and sample == "auto":
-        from ctpore.data.sample import find_outside
+        from ctpore.data.sample import find_sample
 
-        return find_outside(scan) is not None
+        return find_sample(scan).has_outside
     return True
 
 

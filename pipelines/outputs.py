@@ -56,8 +56,8 @@ OUTPUT_FORMATS = {"nifti": ".nii.gz", "ome-zarr": ".ome.zarr"}
 
 def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike],
                  output_format: str = "nifti") -> dict:
-    """The output files of a scan: ``{"pores", "prob", "sample", "metrics"}`` -> Path (the sample
-    mask is written only when the scan has an outside; the metrics file last, always)."""
+    """The output files of a scan: ``{"pores", "prob", "sample", "sample_png", "metrics"}`` -> Path (the
+    sample mask and its picture only when the scan has an outside; the metrics file last, always)."""
     if output_format not in OUTPUT_FORMATS:
         raise InputError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}, got {output_format!r}")
     stem = output_stem(scan_path)
@@ -67,6 +67,7 @@ def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathL
         "pores": outdir / f"{stem}_pores{ext}",
         "prob": outdir / f"{stem}_prob{ext}",
         "sample": outdir / f"{stem}_sample{ext}",
+        "sample_png": outdir / f"{stem}_sample.png",
         "metrics": outdir / f"{stem}_metrics.json",
     }
 

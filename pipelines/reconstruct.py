@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -37,13 +38,15 @@ from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan
 from ctpore.data.io.formats import optional_import
 from ctpore.data.io.omezarr_write import remove_tree
 from ctpore.data.metrics import MetricsAccumulator
+from ctpore.data.rim import clear_rim
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
-from ctpore.errors import InputError
+from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.budget import plan_budget
 from ctpore.pipelines.methods import get_method, resolve_method
 from ctpore.pipelines.outputs import (check_outputs, claim_run, finish_metrics, other_format_outputs, output_paths,
                                      output_set, run_fields)
 from ctpore.pipelines.sample_mask import prepare_sample
+from ctpore.pipelines.sample_picture import write_sample_picture
 from ctpore.pipelines.sinks import ArraySink, FileSink, TruthSlabs
 from ctpore.pipelines.spill import windowed
 from ctpore.progress import ProgressFn
@@ -129,6 +132,7 @@ def run_reconstruction(
     sample: Any = "auto",
     source: str = "the scan",
     progress: ProgressFn = None,
+    sample_margin: int = 0,
 ) -> dict:
     """The pipeline every entry runs (see the module docstring); returns the metrics.
 
@@ -158,6 +162,8 @@ def run_reconstruction(
         figure is of the sample only, and no pore lies outside it.
     source : str
         How warnings name the scan.
+    sample_margin : int
+        Erode the sample by this many voxels within each slice (a damaged rim).
     """
     shape = tuple(int(s) for s in geometry.shape)
     slab, model_budget = plan_budget(shape, memory_gb, getattr(predictor, "device", None))
@@ -173,10 +179,21 @@ def run_reconstruction(
     acc = MetricsAccumulator(shape, geometry.spacing_mm, truth=truth_reader is not None)
     clipped = 0
     smask = None
+    stages: dict = {}
+    picture: dict = {}
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        stages[name] = round(stages.get(name, 0.0) + now - clock[0], 3)
+        clock[0] = now
+
     try:
-        smask = prepare_sample(volume, geometry, sample, folder, source, progress)
+        smask = prepare_sample(volume, geometry, sample, folder, source, progress, margin=sample_margin)
         outside = smask.outside
+        lap("sample")
         lo, hi = robust_range(volume, outside=outside)
+        lap("intensity_range")
         with sink.raw(folder) as raw:
             if has_contrast(lo, hi):
                 halo = getattr(predictor, "halo", None)
@@ -184,6 +201,7 @@ def run_reconstruction(
                 reading = (windowed(volume, folder, shape, tile, halo, progress) if tiled
                            else smask.filled(volume, folder, progress))
                 with reading as src:
+                    lap("sample" if outside is not None and not tiled else "reading")  # the outside filled
                     view = NormalizedVolume(src, lo, hi)
                     info.update(predictor.predict(view, raw, budget_bytes=model_budget, progress=progress,
                                                   chunk_slices=chunk_slices, tile=tile, precision=precision))
@@ -196,17 +214,26 @@ def run_reconstruction(
 
             def read(a: int, b: int) -> np.ndarray:
                 prob = sink.read(raw, a, b)
-                if outside is not None:
-                    prob[np.asarray(outside[a:b])] = 0.0  # outside the sample: certainly not pore
+                if outside is not None:  # outside the sample: certainly not pore; nor the surface's rim
+                    clear_rim(prob, np.asarray(outside[a:b]))
                 return prob
+
+            middle = shape[0] // 2  # the sample picture's slice
 
             def on_slab(a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
                 inside = smask.inside(a, b)
+                if inside is not None and a <= middle < b:
+                    picture["inside"] = inside[middle - a].copy()
                 sink.write(a, b, pores, prob, inside)
                 acc.add(pores, prob, truth_reader.slab(a, b) if truth_reader is not None else None, inside)
 
+            lap("predict")
             with sink.open(with_sample=outside is not None):
                 post.run(read, shape, slab, on_slab, progress)
+            if "inside" in picture and getattr(sink, "paths", None) is not None:
+                grey = np.asarray(volume[middle: middle + 1], np.float32)[0]
+                write_sample_picture(sink.paths["sample_png"], grey, picture["inside"], lo, hi)
+            lap("postprocess_and_write")
     finally:
         if truth_reader is not None:
             truth_reader.close()
@@ -221,7 +248,29 @@ def run_reconstruction(
     metrics["postprocessing"] = post.describe()
     metrics["sample_voxels"] = acc.n_sample
     metrics["sample"] = smask.info
+    metrics["porosity_if_region_is_pore"] = _if_region_is_pore(metrics, acc, smask, source)
+    metrics["stage_seconds"] = stages
     return metrics
+
+
+def _if_region_is_pore(metrics: dict, acc: MetricsAccumulator, smask, source: str) -> float:
+    """The porosity as it would be if the region the found sample left out (neither a field of
+    view's constant outside nor a container's wall) were pore: (pore voxels + region) / (sample
+    voxels + region), with no second pass of the model. When the shape behind it did not fit with
+    confidence, a warning gives it beside the share of the scan at stake."""
+    region = int(smask.info.get("region_voxels", 0))
+    n = acc.n_sample
+    pores = float(metrics["porosity"]) * n
+    alt = (pores + region) / (n + region) if n + region else 0.0
+    fit = smask.fit
+    if region and fit is not None and not fit.confident:
+        total = int(np.prod(acc.shape))
+        warnings.warn(f"{source}: the sample's outside is uncertain ({smask.info['found']}): "
+                      f"{100.0 * region / max(total, 1):.1f}% of the scan, a dark region joined to the border, "
+                      f"was left out; the porosity is {metrics['porosity']:.4f}, and would be {alt:.4f} if that "
+                      "region were pore; check the sample mask (<stem>_sample.nii.gz, .png) or give your own "
+                      "(--sample MASK)", CtporeWarning, stacklevel=3)
+    return float(alt)
 
 
 def _finish(metrics: dict, geometry: Geometry, source: str, t0: float) -> dict:
@@ -268,6 +317,7 @@ def reconstruct(
     predictor: Any = None,
     gpu_memory_gb: Optional[float] = None,
     sample: Any = "auto",
+    sample_margin: int = 0,
 ) -> Reconstruction:
     """Reconstruct the 3D pore phase of a scan, in memory.
 
@@ -315,6 +365,9 @@ def reconstruct(
         border (a cylinder's empty or air-filled outside, a box's margin; a scan without one is all
         sample); ``all``: every voxel; or a mask (1 = sample) of the scan's shape. Every figure is
         of the sample only and no pore lies outside it; ``Reconstruction.sample`` holds the mask.
+    sample_margin : int
+        Erode the sample (found or given) by this many voxels within each slice: users often drop a
+        damaged rim.
 
     Returns
     -------
@@ -332,6 +385,7 @@ def reconstruct(
                                      memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
                                      precision=precision, min_pore_voxels=min_pore_voxels,
                                      gpu_memory_gb=gpu_memory_gb, sample=sample, progress=progress,
+                                     sample_margin=sample_margin,
                                      source=str(scan) if isinstance(scan, (str, os.PathLike)) else "the scan")
     finally:
         if opened is not None:
@@ -364,6 +418,7 @@ def reconstruct_file(
     sample: Any = "auto",
     tmp_dir: Optional[PathLike] = None,
     output_format: str = "nifti",
+    sample_margin: int = 0,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
     within ``memory_gb`` for the whole process, whatever the scan's size.
@@ -399,8 +454,9 @@ def reconstruct_file(
                 scan, scan.geometry, predictor, FileSink(paths, scan.geometry), folder=disk.folder,
                 truth=truth, slice_axis=slice_axis, memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
                 precision=precision, min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
-                sample=sample, source=str(scan_path), progress=progress)
-            stale = other_format_outputs(paths) + ([paths["sample"]] if not metrics["sample"]["outside_voxels"] else [])
+                sample=sample, source=str(scan_path), progress=progress, sample_margin=sample_margin)
+            stale = other_format_outputs(paths) + ([paths["sample"], paths["sample_png"]]
+                                                   if not metrics["sample"]["outside_voxels"] else [])
             for p in stale:  # an earlier run's (--overwrite): the files of a stem are one run's
                 remove_tree(p)
             _finish(metrics, scan.geometry, str(scan_path), t0)

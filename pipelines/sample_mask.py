@@ -19,12 +19,12 @@ import numpy as np
 from scipy import ndimage as ndi
 
 from ctpore.data.io import Geometry, Scan, label_slice_axis
-from ctpore.data.sample import describe_rule, find_outside, outside_of
+from ctpore.data.sample import find_sample
 from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.spill import RawCopy
 from ctpore.progress import ProgressFn
 
-__all__ = ["SAMPLE_MODES", "SampleMask", "prepare_sample"]
+__all__ = ["SAMPLE_MODES", "SampleMask", "check_margin", "prepare_sample"]
 
 #: What ``--sample`` takes besides a mask file.
 SAMPLE_MODES = ("auto", "all")
@@ -41,11 +41,16 @@ class SampleMask:
     outside : array-like of bool or None
         ``(Z, Y, X)``, True outside the sample.
     info : dict
-        ``mode`` (``auto``, ``all`` or ``mask``), ``found`` (in words), ``outside_voxels``.
+        ``mode`` (``auto``, ``all`` or ``mask``), ``found`` (in words), ``outside_voxels``; for a found
+        sample also ``margin_vox`` and the geometry (:meth:`~ctpore.data.sample.SampleFit.info`),
+        and ``region_voxels``: the voxels a shape left out that are neither a field of view's
+        constant outside nor a container's wall (what would be pore if the shape were wrong).
+    fit : SampleFit or None
+        What was found (``auto``).
     """
 
-    def __init__(self, outside, info: dict, handle=None):
-        self.outside, self.info, self._handle = outside, info, handle
+    def __init__(self, outside, info: dict, handle=None, fit=None):
+        self.outside, self.info, self._handle, self.fit = outside, info, handle, fit
 
     def inside(self, a: int, b: int) -> Optional[np.ndarray]:
         """Bool ``(n, Y, X)`` of slices ``a:b``, True in the sample (None: all of it)."""
@@ -129,36 +134,63 @@ def _check_put(values, store, z0: int, z1: int, path) -> int:
     return int(np.count_nonzero(v == 0))
 
 
+def check_margin(margin) -> int:
+    """``margin`` as a number of voxels (an integer >= 0), else an InputError that shows it."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)) or margin < 0:
+        raise InputError(f"the sample margin must be a whole number of voxels >= 0, got {margin!r}")
+    return int(margin)
+
+
+def _erode(store, shape, margin: int) -> int:
+    """Erode the sample (``~store``) by ``margin`` voxels within each slice, in place; the outside's
+    new count. The slice's edge is not a surface: a cut face stays."""
+    disk = ndi.iterate_structure(ndi.generate_binary_structure(2, 1), margin)
+    n = 0
+    for z in range(shape[0]):
+        inside = ndi.binary_erosion(~np.asarray(store[z]), disk, border_value=1)
+        store[z] = ~inside
+        n += int(np.count_nonzero(~inside))
+    return n
+
+
 def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, np.ndarray, None] = "auto",
                    folder: Optional[Path] = None, source: str = "the scan",
-                   progress: ProgressFn = None) -> SampleMask:
-    """The sample of a scan: ``auto`` (find an outside connected to the slices' border; a scan
-    without one is all sample), ``all`` (every voxel), or a mask (a file or an array, 1 = sample,
-    of the scan's shape; a file also of its affine). When there is an outside, a warning says how
-    much of the scan was left out."""
+                   progress: ProgressFn = None, margin: int = 0) -> SampleMask:
+    """The sample of a scan: ``auto`` (found by its shape, :func:`~ctpore.data.sample.find_sample`;
+    a scan without an outside is all sample), ``all`` (every voxel), or a mask (a file or an array,
+    1 = sample, of the scan's shape; a file also of its affine). ``margin``: the sample (found or
+    given) is eroded by that many voxels within each slice (a damaged rim). When there is an outside,
+    a warning says how much of the scan was left out."""
     shape = tuple(int(s) for s in geometry.shape)
+    margin = check_margin(margin)
     in_memory = not isinstance(volume, Scan)
     if sample is None or (isinstance(sample, str) and sample == "all"):
         return SampleMask(None, {"mode": "all", "found": "every voxel (--sample all)", "outside_voxels": 0})
+    fit = None
     if isinstance(sample, str) and sample == "auto":
-        rule = find_outside(volume)
-        if rule is None:
-            return SampleMask(None, {"mode": "auto", "found": describe_rule(None), "outside_voxels": 0})
+        fit = find_sample(volume, geometry.spacing_mm)
+        if not fit.has_outside:  # no surface to erode a margin from either
+            return SampleMask(None, {"mode": "auto", "found": fit.describe(), "outside_voxels": 0, **fit.info()},
+                              fit=fit)
         store, handle = _store(shape, folder, in_memory)
-        n = 0
+        n = region = 0
         for z0 in range(0, shape[0], _SLAB):
             z1 = min(shape[0], z0 + _SLAB)
-            out = outside_of(np.asarray(volume[z0:z1], np.float32), rule)
+            out, r = fit.outside(np.asarray(volume[z0:z1], np.float32), z0, margin)
             store[z0:z1] = out
             n += int(np.count_nonzero(out))
+            region += r
             if progress is not None:
                 progress(z1, shape[0], "finding the sample")
-        info = {"mode": "auto", "found": describe_rule(rule), "outside_voxels": n}
+        info = {"mode": "auto", "found": fit.describe(), "outside_voxels": n, "region_voxels": region,
+                "margin_vox": margin, **fit.info()}
     else:
         store, handle = _store(shape, folder, in_memory)
         n = _user_mask(sample, geometry, store, progress)
+        if margin:
+            n = _erode(store, shape, margin)
         name = Path(sample).name if isinstance(sample, (str, os.PathLike)) else "given"
-        info = {"mode": "mask", "found": f"the mask {name}", "outside_voxels": n}
+        info = {"mode": "mask", "found": f"the mask {name}", "outside_voxels": n, "margin_vox": margin}
     total = int(np.prod(shape))
     if n == total:
         if handle is not None:

@@ -305,3 +305,41 @@ def test_attention_command_writes_the_heatmap_and_refuses_bad_coordinates(tmp_pa
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and why in err[0]
+
+
+def test_the_found_sample_shows_by_its_outline_and_a_painted_mask_is_taken_as_the_sample(
+        make_napari_viewer, qtbot, tiny_weights):
+    """A core in a zero outside: the sample layer appears, drawn as its outline (contour); a 0/1
+    layer the user paints is offered as the sample mask (the pores are not) and, picked, is the
+    sample of the next run: no pore outside it, and it keeps a role of its own."""
+    from ctpore.app.napari.layers import ROLE, SAMPLE_MASK_ROLE
+    from ctpore.app.napari.widgets import ReconstructWidget
+    from ctpore.data.synthetic import make_pair
+
+    scan, _truth, _ = make_pair(5, shape=(12, 48, 48))
+    _, yy, xx = np.indices(scan.shape)
+    scan = scan.astype(np.float32)
+    scan[(yy - 23.5) ** 2 + (xx - 23.5) ** 2 > 20 ** 2] = 0
+    viewer = make_napari_viewer()
+    viewer.add_image(scan, name="core")
+    widget = ReconstructWidget(viewer)
+    widget.method.setCurrentText("poreformer")
+    widget.weights.edit.setText(tiny_weights)
+    widget.run()
+    qtbot.waitUntil(lambda: widget.run_button.isEnabled(), timeout=120_000)
+    sample = viewer.layers["core sample"]
+    assert sample.visible and sample.contour > 0 and sample.metadata[ROLE] == "sample"
+    assert "left out" in widget.status.text()
+    painted = np.zeros(scan.shape, np.uint8)
+    painted[:, 10:30, 12:34] = 1
+    viewer.add_labels(painted, name="my mask")
+    items = [widget.sample_choice.itemText(i) for i in range(widget.sample_choice.count())]
+    assert "my mask" in items and "core sample" in items and "core pores" not in items
+    widget.sample_choice.setCurrentText("my mask")
+    widget.run()
+    qtbot.waitUntil(lambda: widget.run_button.isEnabled(), timeout=120_000)
+    assert widget.metrics["sample"]["mode"] == "mask", widget.status.text()
+    assert widget.metrics["sample_voxels"] == int(painted.sum())
+    pores = [layer for layer in viewer.layers if layer.metadata.get(ROLE) == "pores"][-1].data  # the second run's
+    assert not np.any((np.asarray(pores) > 0) & (painted == 0))
+    assert viewer.layers["my mask"].metadata[ROLE] == SAMPLE_MASK_ROLE

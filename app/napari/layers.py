@@ -18,8 +18,8 @@ import numpy as np
 from ctpore.errors import InputError
 
 __all__ = ["Cancelled", "scan_layer", "volume_of", "reconstruct_layers", "write_layer", "inspect_layers",
-           "simulated_layers", "summary_of", "is_output", "ROLE", "OUTPUT_ROLES", "INSPECTOR_ROLES",
-           "AXIS_LABELS"]
+           "simulated_layers", "summary_of", "is_output", "sample_mask_choices", "sample_of", "ROLE", "OUTPUT_ROLES",
+           "INSPECTOR_ROLES", "SAMPLE_MASK_ROLE", "AXIS_LABELS"]
 
 LayerData = tuple  # (data, kwargs, layer_type)
 
@@ -29,6 +29,9 @@ ROLE = "ctpore_role"
 INSPECTOR_ROLES = ("entropy", "inspected voxel", "most attended")
 #: Roles of the layers ctpore adds that are results, not scans (never offered as a scan).
 OUTPUT_ROLES = ("probability", "pores", "sample", "truth", *INSPECTOR_ROLES)
+#: The role of a 0/1 layer the user picked as the sample mask (painted, loaded, or ctpore's found
+#: sample edited): an input of its own, apart from the pores and from labels of pore and solid.
+SAMPLE_MASK_ROLE = "sample mask"
 #: Names of a ``(Z, Y, X)`` volume's axes, for ``viewer.dims.axis_labels``.
 AXIS_LABELS = ("z", "y", "x")
 
@@ -40,6 +43,33 @@ def is_output(metadata) -> bool:
 
 class Cancelled(Exception):
     """The user pressed Cancel (raised between chunks of slices, from the progress callback)."""
+
+
+def sample_mask_choices(layers, shape) -> list[str]:
+    """Names of the layers that may serve as a scan's sample mask: labels layers of the scan's
+    ``shape`` that are not results other than a sample (a user's painted or loaded mask, ctpore's
+    found sample, perhaps edited, or a layer already picked as the sample mask)."""
+    names = []
+    for layer in layers:
+        role = (layer.metadata or {}).get(ROLE) if isinstance(layer.metadata, dict) else None
+        if type(layer).__name__ != "Labels" or role not in (None, "sample", SAMPLE_MASK_ROLE):
+            continue
+        if tuple(np.shape(layer.data)) == tuple(shape):
+            names.append(layer.name)
+    return names
+
+
+def sample_of(choice, layer=None):
+    """What ``reconstruct`` takes as ``sample`` for a choice of the dock: ``"auto"`` (found by its
+    shape), ``"all"``, or the 0/1 volume of ``layer`` (a mask; anything but 0 and 1 is refused by the
+    reconstruction with the values it found). The layer is marked with :data:`SAMPLE_MASK_ROLE`."""
+    if choice in ("auto", "all"):
+        return choice
+    if layer is None:
+        raise InputError(f"there is no layer {choice!r} to take as the sample mask")
+    if isinstance(layer.metadata, dict) and layer.metadata.get(ROLE) != "sample":
+        layer.metadata[ROLE] = SAMPLE_MASK_ROLE
+    return np.asarray(layer.data)
 
 
 def scan_layer(path: Union[str, os.PathLike]) -> LayerData:
@@ -106,9 +136,11 @@ def reconstruct_layers(
     device: str = "cpu",
     progress: Optional[Callable[[int, int, str], None]] = None,
     should_stop: Callable[[], bool] = lambda: False,
+    sample="auto",
 ) -> tuple[list[LayerData], dict]:
-    """Reconstruct a layer's volume; return the probability and pores layers (and the sample mask
-    when the scan has an outside) and the metrics.
+    """Reconstruct a layer's volume; return the probability and pores layers (and the sample,
+    shown by its outline on every slice, when the scan has an outside or a mask was given) and the
+    metrics. ``sample``: ``"auto"``, ``"all"`` or a 0/1 mask of the scan's shape (:func:`sample_of`).
 
     ``should_stop`` is asked after every chunk; when it says True, :class:`Cancelled` is raised
     and nothing is returned (no half-made layers).
@@ -124,7 +156,8 @@ def reconstruct_layers(
             progress(done, total, stage)
 
     spacing = _spacing(scale)
-    res = reconstruct(vol, method, weights=weights or None, device=device, spacing_mm=spacing, progress=tick)
+    res = reconstruct(vol, method, weights=weights or None, device=device, spacing_mm=spacing, progress=tick,
+                      sample=sample)
     if should_stop():
         raise Cancelled
     meta = {"ctpore_metrics": res.metrics, "ctpore_source": name}
@@ -135,8 +168,8 @@ def reconstruct_layers(
         (res.pores, {"scale": spacing, "name": f"{name} pores", "opacity": 0.6,
                      "metadata": {**meta, ROLE: "pores"}}, "labels"),
     ]
-    if res.sample is not None:  # the scan had an outside: the sample every figure is of
-        layers.append((res.sample, {"scale": spacing, "name": f"{name} sample", "opacity": 0.25, "visible": False,
+    if res.sample is not None:  # the scan had an outside: the sample every figure is of (drawn as its outline)
+        layers.append((res.sample, {"scale": spacing, "name": f"{name} sample", "opacity": 0.9,
                                     "metadata": {**meta, ROLE: "sample"}}, "labels"))
     return layers, res.metrics
 

@@ -35,6 +35,8 @@ from ctpore.app.napari.layers import (
     inspect_layers,
     is_output,
     reconstruct_layers,
+    sample_mask_choices,
+    sample_of,
     summary_of,
 )
 from ctpore.pipelines.methods import method_names
@@ -79,6 +81,39 @@ class _LayerChoice(QComboBox):
     def layer(self):
         name = self.currentText()
         return self.viewer.layers[name] if name in self.viewer.layers else None
+
+
+class _SampleChoice(QComboBox):
+    """Which voxels are the sample: found (auto), all, or a 0/1 labels layer of the scan's shape
+    (painted, loaded, or the found sample edited), kept up to date with the layers and the scan."""
+
+    MODES = ("auto (found by its shape)", "all voxels")
+
+    def __init__(self, viewer, scans: _LayerChoice):
+        super().__init__()
+        self.viewer, self.scans = viewer, scans
+        viewer.layers.events.inserted.connect(self.refresh)
+        viewer.layers.events.removed.connect(self.refresh)
+        scans.currentTextChanged.connect(self.refresh)
+        self.refresh()
+
+    def refresh(self, *_):
+        current = self.currentText()
+        scan = self.scans.layer()
+        names = sample_mask_choices(self.viewer.layers, np.shape(scan.data)) if scan is not None else []
+        self.clear()
+        self.addItems([*self.MODES, *names])
+        if current in (*self.MODES, *names):
+            self.setCurrentText(current)
+
+    def value(self):
+        """``"auto"``, ``"all"`` or the chosen layer's mask (:func:`~ctpore.app.napari.layers.sample_of`)."""
+        text = self.currentText()
+        if text == self.MODES[0] or not text:
+            return "auto"
+        if text == self.MODES[1]:
+            return "all"
+        return sample_of(text, self.viewer.layers[text] if text in self.viewer.layers else None)
 
 
 class _WeightsField(QWidget):
@@ -138,6 +173,7 @@ class ReconstructWidget(QWidget):
         super().__init__()
         self.viewer = napari_viewer
         self.layer_choice = _LayerChoice(napari_viewer)
+        self.sample_choice = _SampleChoice(napari_viewer, self.layer_choice)
         self.method = QComboBox()
         self.method.addItems(method_names(auto=True))
         self.weights = _WeightsField()
@@ -152,6 +188,7 @@ class ReconstructWidget(QWidget):
         self.status.setTextInteractionFlags(Qt.TextSelectableByMouse)
         form = QFormLayout()
         form.addRow("scan", self.layer_choice)
+        form.addRow("sample", self.sample_choice)
         form.addRow("method", self.method)
         form.addRow("weights", self.weights)
         form.addRow("device", self.device)
@@ -181,6 +218,11 @@ class ReconstructWidget(QWidget):
             return
         data, scale, name = layer.data, tuple(layer.scale), layer.name
         method, weights, device = self.method.currentText(), self.weights.value(), self.device.currentText()
+        try:
+            sample = self.sample_choice.value()
+        except InputError as exc:
+            self.status.setText(f"error: {_one_line(exc)}")
+            return
         self._stop = False
         self.metrics = None
 
@@ -188,7 +230,7 @@ class ReconstructWidget(QWidget):
         def work():
             try:
                 return "done", reconstruct_layers(data, name, scale, method, weights, device,
-                                                  should_stop=lambda: self._stop)
+                                                  should_stop=lambda: self._stop, sample=sample)
             except Cancelled:
                 return "cancelled", None
             except Exception as exc:  # said in the dock, in one line
@@ -213,13 +255,20 @@ class ReconstructWidget(QWidget):
             return
         layers, metrics = result
         for data, kwargs, kind in layers:
-            getattr(self.viewer, f"add_{kind}")(data, **kwargs)
+            added = getattr(self.viewer, f"add_{kind}")(data, **kwargs)
+            if kwargs["metadata"].get(ROLE) == "sample":
+                added.contour = 2  # the sample's outline on every slice, the scan visible inside it
         self.metrics = metrics
         cd, per = metrics.get("connectivity_density_per_mm3"), "mm³"
         if cd is None:  # the scan gave no length unit: per voxel
             cd, per = metrics.get("connectivity_density_per_voxel3", float("nan")), "voxel³"
-        outside = (metrics.get("sample") or {}).get("outside_voxels", 0)
-        of = f" (of the sample: {outside} voxels outside left out)" if outside else ""
+        found = metrics.get("sample") or {}
+        outside = found.get("outside_voxels", 0)
+        of = f" (of the sample: {outside} voxels outside left out; {found.get('kind', found.get('mode'))})" \
+            if outside else ""
+        if outside and found.get("confident") is False:
+            of += f"\nuncertain sample: {metrics.get('porosity_if_region_is_pore', float('nan')):.4f} if the region " \
+                  "left out were pore"
         _show_text(self.status,
             f"porosity {metrics['porosity']:.4f}{of}\nEuler number {metrics['euler_number']}\n"
             f"Betti numbers: pores {metrics['n_pores']}, tunnels {metrics.get('n_tunnels', '?')}, "

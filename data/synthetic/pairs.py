@@ -13,7 +13,8 @@ from scipy import ndimage as ndi
 
 from ctpore.atomic import atomic_write
 from ctpore.data.synthetic.fields import check_porosity, check_shape
-from ctpore.data.synthetic.scanner import ScannerParams, scan_structure
+from ctpore.data.synthetic.scanner import ScannerParams, scan_scene, scan_structure
+from ctpore.data.synthetic.scenes import Scene, scene_rng
 from ctpore.data.synthetic.small_pores import add_small_pores
 from ctpore.data.synthetic.structures import FAMILIES, build_structure
 from ctpore.errors import InputError
@@ -75,6 +76,7 @@ def make_pair(
     porosity: Optional[float] = None,
     zoom: float = 1.0,
     small_pores: bool = False,
+    scene=None,
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """One scan with its truth, a pure function of ``seed`` (and ``zoom``).
 
@@ -99,6 +101,14 @@ def make_pair(
         Add small isolated pores (1.1 to 2 voxels in radius) to the solid before the scan
         (:func:`~ctpore.data.synthetic.small_pores.add_small_pores`, drawn from their own stream, so
         the rest of the pair is the same as without them). ``info["small_pores"]`` says how many.
+    scene : Scene or str, optional
+        Where the sample is and what is around it (:mod:`~ctpore.data.synthetic.scenes`): a
+        :class:`~ctpore.data.synthetic.scenes.Scene`, the name of a set-up (its sizes drawn from the
+        scene's own stream, ``scene_rng(seed)``) or ``"random"`` (any set-up). None: the material
+        fills the box, as always. The structure, the scanner's parameters and every random draw of
+        the pair are those without a scene; ``info["scene"]`` holds the scene and
+        ``info["sample"]`` the true sample (bool, the voxels whose centre is inside the sample),
+        ``info["porosity_truth"]`` is then the porosity inside it.
 
     Returns
     -------
@@ -129,7 +139,11 @@ def make_pair(
     n_small = 0
     if small_pores:
         fine, n_small = add_small_pores(fine, oversample, seed)
-    scan, truth = scan_structure(fine, oversample, rng, params)
+    if scene is None:
+        scan, truth = scan_structure(fine, oversample, rng, params)
+    else:
+        scene = _resolve_scene(scene, seed, shape)
+        scan, truth, sample = scan_scene(fine, oversample, rng, params, scene)
     info = {
         "family": fam,
         "porosity": por,
@@ -143,7 +157,17 @@ def make_pair(
     }
     if small_pores:
         info["small_pores"] = n_small
+    if scene is not None:
+        info.update(scene=scene.as_dict(), sample=sample, porosity_truth=float(truth[sample].mean()))
     return scan, truth, info
+
+
+def _resolve_scene(scene, seed: int, shape: tuple[int, int, int]) -> Scene:
+    if isinstance(scene, Scene):
+        return scene.validate()
+    if scene == "random":
+        return Scene.random(scene_rng(seed), shape, (VOXEL_SIZE_MM,) * 3)
+    return Scene.setup(str(scene), shape, (VOXEL_SIZE_MM,) * 3, scene_rng(seed))
 
 
 def _save_nifti(arr: np.ndarray, path: Path, voxel_mm: float) -> None:

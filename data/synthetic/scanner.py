@@ -20,7 +20,7 @@ from ctpore.data.synthetic.fields import (
 )
 from ctpore.errors import InputError, NonFiniteError
 
-__all__ = ["ScannerParams", "scan_structure", "scan_label"]
+__all__ = ["ScannerParams", "scan_structure", "scan_scene", "scan_label"]
 
 _DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
 
@@ -208,12 +208,24 @@ def _radial(shape, p: ScannerParams) -> tuple[np.ndarray, float]:
     return r.astype(np.float32), max(p.fov_radius * max(ny, nx), corner + 1.0)
 
 
-def _render(occupancy: np.ndarray, rng: np.random.Generator, p: ScannerParams) -> np.ndarray:
-    """Scanner model on the output grid: pore occupancy (Z, Y, X) in [0, 1] -> integer scan."""
+def _render(occupancy: np.ndarray, rng: np.random.Generator, p: ScannerParams,
+            around: Optional[tuple] = None) -> np.ndarray:
+    """Scanner model on the output grid: pore occupancy (Z, Y, X) in [0, 1] -> integer scan.
+
+    ``around`` (a scene, :func:`~ctpore.data.synthetic.scenes.scene_fractions`): ``(material, wall,
+    fluid)``, the share of each voxel that is sample, the container wall's attenuation times its
+    share, and the pore fluid's attenuation; ``occupancy`` is then the pore share inside the sample
+    and the rest of a voxel is air (0). None: the voxel is all sample with dry pores (the same
+    random draws either way).
+    """
     p.validate()
     shape = occupancy.shape
     solid = _solid_attenuation(rng, shape, p)
-    u = (1.0 - occupancy) * solid  # contrast units, pore 0, solid 1  (Z, Y, X)
+    if around is None:
+        u = (1.0 - occupancy) * solid  # contrast units, pore 0, solid 1  (Z, Y, X)
+    else:
+        material, wall, fluid = around
+        u = (material - occupancy) * solid + wall + np.float32(fluid) * occupancy
     if p.pore_texture > 0:
         u = u + occupancy * (np.float32(p.pore_texture) * smooth_field(rng, shape, max(p.texture_length, 0.5)))
     u = np.asarray(u, dtype=np.float32)
@@ -286,6 +298,46 @@ def scan_structure(
     truth = (occ >= 0.5).astype(np.uint8)
     p = ScannerParams.random(rng) if params is None else params
     return _render(occ, rng, p), truth
+
+
+def scan_scene(
+    fine_pores: np.ndarray,
+    oversample: int,
+    rng: np.random.Generator,
+    params: ScannerParams,
+    scene,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scan a fine-grid pore structure cut to a :class:`~ctpore.data.synthetic.scenes.Scene`: the
+    sample in its surroundings (air, a container wall, a circular field of view), rendered on the
+    fine grid before the blur and the noise.
+
+    Returns
+    -------
+    scan : numpy.ndarray
+        (Z, Y, X) uint8 or uint16; beyond a circular field of view, ``scene.fov_value``.
+    truth : numpy.ndarray
+        (Z, Y, X) uint8, 1 where the voxel's centre is in the sample and at least half of its fine
+        sub-voxels are pore.
+    sample : numpy.ndarray
+        (Z, Y, X) bool, the true sample (:func:`~ctpore.data.synthetic.scenes.true_sample`).
+    """
+    from ctpore.data.synthetic.scenes import fov_outside, scene_fractions, true_sample
+
+    os_ = check_oversample(oversample)
+    fine = np.asarray(fine_pores)
+    if fine.ndim != 3 or any(s % os_ or s == 0 for s in fine.shape):
+        raise InputError(f"fine_pores must be 3D with every size a multiple of oversample={os_}, "
+                         f"got shape {fine.shape}")
+    scene = scene.validate()
+    pores, material, wall = scene_fractions(fine, os_, scene)
+    scan = _render(pores, rng, params, (material, wall * np.float32(scene.wall_attenuation), scene.pore_fluid))
+    sample = true_sample(scene, pores.shape)
+    truth = ((block_mean(fine.astype(bool, copy=False), os_) >= 0.5) & sample).astype(np.uint8)
+    beyond = fov_outside(scene, pores.shape[1:])
+    if beyond is not None:
+        top = float(np.iinfo(scan.dtype).max)
+        scan[:, beyond] = np.clip(np.rint(scene.fov_value), 0, top)
+    return scan, truth, sample
 
 
 def _label_to_fine(label: np.ndarray, oversample: int, smooth: float = 0.5) -> np.ndarray:

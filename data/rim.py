@@ -1,0 +1,51 @@
+"""The partial-volume rim of a sample's surface is not pore.
+
+A voxel on the sample's surface is partly air: it looks darker than the material it holds, and a
+method reading grey values takes a rim of them for pore, a thin shell of false pores (hundreds of
+small components, or all the pores open at the surface joined into one). :func:`clear_rim` keeps a
+pore voxel of the surface (a sample voxel within :data:`RIM` voxels of the outside, in its slice)
+only where the pore reaches inwards: where it joins, through pore voxels of the rim, a pore voxel
+deeper than the rim (:data:`RIM` voxels, within the slice). A pore open at the surface keeps its
+mouth; the rim along solid material goes.
+
+Examples
+--------
+>>> outside = np.zeros((1, 7, 7), bool); outside[0, :, :2] = True     # the sample is columns 2..6
+>>> prob = np.zeros((1, 7, 7), np.float32); prob[0, :, 2] = 0.9       # a dark rim along the surface
+>>> prob[0, 3, 2:6] = 0.9                                              # and a pore open at it
+>>> clear_rim(prob, outside)[0, :, 2]
+array([0. , 0. , 0. , 0.9, 0. , 0. , 0. ], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import ndimage as ndi
+
+__all__ = ["RIM", "clear_rim"]
+
+#: Depth of the rim, in voxels: the partial-volume voxels of the surface, and one more for a surface
+#: found half a voxel out.
+RIM = 3
+
+_CROSS = ndi.generate_binary_structure(2, 1)
+
+
+def clear_rim(prob: np.ndarray, outside: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+    """``prob`` ``(n, Y, X)`` with the outside at 0 and the surface's pore voxels that no deeper pore
+    voxel supports set to 0 (in place; also returned). ``outside``: bool, True outside the sample.
+    The slice's edge is not a surface (a cut face)."""
+    outside = np.asarray(outside, bool)
+    prob[outside] = 0.0
+    for i in range(prob.shape[0]):
+        if not outside[i].any():
+            continue
+        inside = ~outside[i]
+        deep = ndi.binary_erosion(inside, _CROSS, iterations=RIM, border_value=1)
+        rim = inside & ~deep
+        pore = prob[i] > threshold
+        held = pore & deep
+        for _ in range(RIM):  # pore voxels of the rim joined to a deeper pore, within the rim
+            held |= ndi.binary_dilation(held, _CROSS) & pore & rim
+        prob[i][rim & pore & ~held] = 0.0
+    return prob

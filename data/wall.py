@@ -1,0 +1,170 @@
+"""A container wall around a core (a plastic or aluminium tube), and the core's surface inside it.
+
+:func:`fit_wall` asks whether the outermost layer of a fitted outer surface is a wall: a blurred
+annulus of its own grey level and texture, around a core that may sit off the wall's axis (it
+touches the wall on one side, or an air gap runs between them). :func:`inner_points` then finds the
+core's surface inside the wall, sector by sector, with the wall's blurred slab taken off the
+profiles so that a gap of a few voxels is air again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from ctpore.data.profiles import BIN, Cylinder, SectorProfiles
+
+__all__ = ["blurred_step", "fit_wall", "inner_points"]
+
+
+def blurred_step(r, level, edge, sigma):
+    """A blurred step: ``level`` inside ``edge`` (smaller radii), 0 outside."""
+    from scipy.special import ndtr
+
+    return level * ndtr((edge - r) / sigma)
+
+
+def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
+    """A container wall as the outermost layer about ``cyl`` (the outermost surface's fit), or None.
+
+    The sector profiles about the outer surface, each sector's mean grey value and its variance, are
+    fitted twice with one geometry for both: as a core (a blurred disc) and as a wall (a blurred
+    annulus about ``cyl``'s axis, with levels of its own) around a core whose axis may sit off the
+    wall's. The levels are solved exactly for each geometry. The variance sees a wall as grey as the
+    sample: a wall is uniform, the material is not. A wall must halve the residual of the core, be
+    between 1.5 voxels and a quarter of the radius thick, and differ from the sample by three times the
+    sample's own scatter between sectors (in a level, or by an air gap).
+    """
+    from scipy.optimize import least_squares
+    from scipy.special import ndtr
+
+    px = prof.step / BIN
+    r1 = cyl.radius_mm
+    r = (np.arange(prof.nb) + 0.5) * prof.step
+    reach = min(0.45 * r1, 0.25 * r1 + 24 * px, 72 * px)  # the thickest wall, and the sample inside it
+    win = np.nonzero((r > r1 - reach) & (r < r1 + 6 * px))[0]
+    deep = r[win] < r1 - reach + max(0.4 * reach, 6 * px)  # the sample, inside any wall
+    k_idx, b_idx = np.nonzero(prof.covered[:, win] & np.isfinite(prof.mean[:, win]))
+    if k_idx.size < 100:
+        return None
+    th = -np.pi + (k_idx + 0.5) * 2 * np.pi / prof.n_sectors
+    rr = r[win][b_idx]
+    py, pxx = rr * np.sin(th), rr * np.cos(th)
+    out = rr > r1 + 3 * px
+    ym = prof.mean[:, win][k_idx, b_idx] - air
+    yv = prof.var[:, win][k_idx, b_idx]
+    yv = yv - (float(np.median(yv[out])) if out.any() else 0.0)
+    dmask = deep[b_idx]
+    if dmask.sum() < 20:
+        return None
+    scat = [float(np.std(y[dmask])) + 1e-12 for y in (ym, yv)]
+    ys = [ym / scat[0], yv / scat[1]]
+
+    def solve(basis):
+        """Residuals of both channels with their levels solved by least squares on ``basis``."""
+        A = np.stack(basis, axis=1)
+        res = []
+        levels = []
+        for y in ys:
+            coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+            res.append(A @ coef - y)
+            levels.append(coef)
+        return np.concatenate(res), levels
+
+    def core_basis(p):  # dy, dx, r_s, sigma_s
+        d = np.hypot(py - p[0], pxx - p[1])
+        return [ndtr((p[2] - d) / p[3])]
+
+    def wall_basis(p):  # thickness, r_out, sigma, dy, dx, r_s, sigma_s
+        slab = ndtr((p[1] - rr) / p[2]) - ndtr((p[1] - p[0] - rr) / p[2])
+        return [slab] + core_basis(p[3:])
+
+    core = least_squares(lambda p: solve(core_basis(p))[0], [0.0, 0.0, r1, px],
+                         bounds=([-0.3 * r1, -0.3 * r1, 0.5 * r1, 0.2 * px], [0.3 * r1, 0.3 * r1, r1 + 5 * px, 6 * px]),
+                         max_nfev=200)
+    rss1 = float(np.sum(core.fun ** 2))
+    # the slab's inner surface as a depth below the outer one (1.5 voxels to a quarter of the radius)
+    lo = np.array([1.5 * px, r1 - 3 * px, 0.2 * px, -0.3 * r1, -0.3 * r1, 0.5 * r1, 0.2 * px])
+    hi = np.array([0.25 * r1, r1 + 3 * px, 4 * px, 0.3 * r1, 0.3 * r1, r1, 6 * px])
+    hi[0] = min(hi[0], 48 * px)
+    starts = []
+    for t in (2, 5, 12, 30):
+        if t * px > hi[0]:
+            break
+        for g in (0.0, 3.0):
+            x0 = np.array([t * px, r1, px, 0.0, 0.0, r1 - (t + g) * px, px])
+            x0 = np.clip(x0, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
+            starts.append((float(np.sum(solve(wall_basis(x0))[0] ** 2)), x0))
+    if not starts:  # too small a radius for the thinnest wall
+        return None
+    best = None
+    for _, x0 in sorted(starts, key=lambda c: c[0])[:3]:  # the three most promising starts
+        sol = least_squares(lambda p: solve(wall_basis(p))[0], x0, bounds=(lo, hi), max_nfev=100)
+        if best is None or sol.cost < best.cost:
+            best = sol
+    rss2 = float(np.sum(best.fun ** 2))
+    thickness, r_out, sig, dy, dx, r_s, sig_s = (float(v) for v in best.x)
+    r_in = r_out - thickness
+    _, levels = solve(wall_basis(best.x))
+    (w_m, s_m), (w_v, s_v) = levels[0], levels[1]  # in units of the sample's scatter
+    gap = r_in - (r_s + math.hypot(dy, dx))  # the narrowest air between the wall and the sample
+    # a wall is uniform, or apart from the sample, or of a level of its own
+    own = w_v <= 0.7 * s_v or gap >= 1.5 * px or abs(w_m - s_m) >= 2.0
+    mid = min(int(0.5 * (r_in + r_out) / prof.step), prof.nb - 1)
+    seen = float(np.mean(prof.covered[:, mid]))  # a wall is seen all around, not in a slice's corners
+    if not ((rss1 - rss2) / prof.n_sectors >= 5.0 and 1.5 * px <= thickness <= 0.25 * r1 and gap >= -1.0 * px
+            and own and w_m > 0 and seen >= 0.6):
+        return None
+    return {"outer": cyl, "r_in": r_in, "r_out": r_out, "thickness_mm": thickness,
+            "level": w_m * scat[0] + air, "blur_mm": sig, "fit_gain": rss1 / max(rss2, 1e-12)}
+
+
+def inner_points(prof, c: Cylinder, wall: dict, air: float, material: float):
+    """The sample's surface inside a wall, in sector profiles about ``c``'s centre: each sector's
+    ray meets the wall's inner surface at ``t_in``; the wall's blurred step (its level less the air's,
+    spread by ``sigma``) is taken off the profile, so that what is left inside ``t_in`` is air in a
+    gap and the sample's own rise; the surface is where that first reaches halfway between the air
+    and the sample's material, going inwards (at ``t_in`` where the sample touches the wall)."""
+    from scipy.special import ndtr
+
+    outer = wall["outer"]
+    r_in, r_out, sigma = wall["r_in"], wall["r_out"], wall["blur_mm"]
+    cy, cx = c.centre_at(c.z_ref)
+    wy, wx = outer.centre_at(c.z_ref)
+    half = 0.5 * (air + material)
+    step = prof.step
+    radii = (np.arange(prof.nb) + 0.5) * step
+    pts, ks = [], []
+    for k in range(prof.n_sectors):
+        th = -np.pi + (k + 0.5) * 2 * np.pi / prof.n_sectors
+        uy, ux = math.sin(th), math.cos(th)
+        oy, ox = cy - wy, cx - wx
+        bq = oy * uy + ox * ux
+        disc = bq * bq - (oy * oy + ox * ox - r_in * r_in)
+        if disc < 0:
+            continue
+        t_in = -bq + math.sqrt(disc)  # where this sector's ray leaves the wall's inside
+        rho = np.sqrt(np.maximum(oy * oy + ox * ox + 2 * radii * bq + radii * radii, 0.0))  # about the wall's axis
+        m = prof.mean[k] - (wall["level"] - air) * (ndtr((rho - r_in) / sigma) - ndtr((rho - r_out) / sigma))
+        ok = prof.covered[k]
+        b = int(t_in / step)
+        if b >= prof.nb - 1 or b <= 0:
+            continue
+        r = None
+        if ok[b] and m[b] >= half:
+            r = t_in  # the sample touches the wall here
+        else:
+            while b > 0:
+                if ok[b - 1] and ok[b] and m[b - 1] >= half > m[b]:
+                    r = prof.radius((b - 1) + (m[b - 1] - half) / (m[b - 1] - m[b]))
+                    break
+                b -= 1
+        if r is None:
+            continue
+        pts.append((cy + r * uy, cx + r * ux))
+        ks.append(k)
+    return np.array(pts).reshape(-1, 2), np.array(ks, int)
+
+
