@@ -148,3 +148,41 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, 
     return EXIT_OK
 
 
+
+
+@bench.command("sample")
+@_option("--n", "n", default=6, show_default=True, type=click.IntRange(1), help="Simulated scans per set-up.")
+@_option("--shape", default="24x160x160", show_default=True, help="Scan shape Z x Y x X.")
+@_option("--timings", default=None, type=click.Path(path_type=Path), show_default="none",
+         help="A folder of scripts/sample_step_time.py results (before_KIND.json, now_KIND.json) to tabulate.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where sample.md and sample.json are written.")
+def bench_sample(n, shape, timings, outdir):
+    """How well the sample is found: every set-up scanners make (a core in air, in a tube, in a circular
+    field of view, a block, ...), each scan reconstructed with the sample found and with its true sample;
+    writes OUTDIR/sample.md and .json."""
+    import json
+
+    from ctpore.app.console import parse_shape
+    from ctpore.pipelines.bench.sample import bench_sample as run
+    from ctpore.pipelines.bench.sample import write_sample_report
+
+    dims = parse_shape(shape, "--shape")
+    pairs = {}
+    if timings is not None:
+        for before in sorted(Path(timings).glob("before_*.json")):
+            kind = before.stem[len("before_"):]
+            now = before.with_name(f"now_{kind}.json")
+            if now.exists():
+                pairs[kind] = (json.loads(before.read_text()), json.loads(now.read_text()))
+    with _Progress("sample") as bar:
+        res = run(n=n, shape=dims, progress=bar)
+    cmd = "ctpore bench sample" + (f" --n {n}" if n != 6 else "") + (
+        f" --shape {shape}" if shape != "24x160x160" else "") + (f" --timings {timings}" if timings else "") + (
+        f" -o {outdir}" if str(outdir) != "docs" else "")
+    path = write_sample_report(res, outdir, cmd, pairs)
+    for setup, v in res["summary"].items():
+        click.echo(f"{setup:<22} meets all {v['meet_all']}/{v['cases']}  IoU min {v['iou_min']:.4f}  "
+                   f"porosity diff max {v['porosity_diff_max']:.4f}")
+    click.echo(f"wrote {path}")
+    return EXIT_OK

@@ -314,12 +314,18 @@ _INFO_ORDER = {"shape": "(Z, Y, X: slices, rows, columns)", "file_shape": "(as t
          help="Seed of the set: the same seed, N and size give the same files.")
 @_option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
          help="Enlarge the features of half the scans by a factor up to this (as at a finer voxel size).")
-def simulate(outdir, n, size, seed, zoom_max):
+@_option("--scene", default=None, show_default="the material fills the volume",
+         type=click.Choice(["random", "core-air", "core-air-offcentre", "tube-gap", "tube-grey", "fov-circle",
+                            "brine-tube", "core-wider-than-fov", "block-turned", "core-anisotropic", "tube-touching"]),
+         help="What the scanner sees around the material: a core in air, in a tube, in a circular field of view, a "
+              "block... (random: any of them); the true sample is written too (sample_NNNN.nii.gz, 1 = sample).")
+def simulate(outdir, n, size, seed, zoom_max, scene):
     """Write N simulated CT scans of porous media with their true pores (scan_*.nii.gz, label_*.nii.gz)."""
     from ctpore.data.synthetic import write_pairs
 
     with _Progress("simulate") as bar:
-        entries = write_pairs(outdir, n, shape=(size, size, size), seed=seed, progress=bar, zoom_max=zoom_max)
+        entries = write_pairs(outdir, n, shape=(size, size, size), seed=seed, progress=bar, zoom_max=zoom_max,
+                              scene=scene)
     for e in entries:
         zoom = f"  features ×{e['zoom']:.2f}" if e["zoom"] != 1.0 else ""
         click.echo(f"{Path(outdir) / e['scan']}  {e['family']}  porosity {e['porosity_truth']:.3f}{zoom}")

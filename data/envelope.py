@@ -348,8 +348,9 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
     _, have = outer(prof, fitted)
     env = Envelope("cylinder", cylinder=fitted, levels=levels, sectors=n_sectors, points=int(len(res)),
                    cut=_cut_sectors(prof, set(have.tolist()), 0.5 * (air + material)))
-    wall_prof = SectorProfiles(slices, valid, zs, spacing, fitted, min(n_sectors, 32), r_max)
-    wall = fit_wall(wall_prof, fitted, air)
+    # a wall is a tube: looked for only when the outermost surface is a cylinder
+    wall_prof = SectorProfiles(slices, valid, zs, spacing, fitted, min(n_sectors, 32), r_max) if cylinder_like else None
+    wall = fit_wall(wall_prof, fitted, air) if cylinder_like else None
     if wall is not None:
         r_in = wall["r_in"]
         inner_material = material  # the sample's bright phase, not the wall's

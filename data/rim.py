@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage as ndi
 
-__all__ = ["RIM", "clear_rim"]
+__all__ = ["INSIDE", "RIM", "SHELL", "RimCheck", "clear_rim"]
 
 #: Depth of the rim, in voxels: the partial-volume voxels of the surface, and one more for a surface
 #: found half a voxel out.
@@ -49,3 +49,36 @@ def clear_rim(prob: np.ndarray, outside: np.ndarray, threshold: float = 0.5) -> 
             held |= ndi.binary_dilation(held, _CROSS) & pore & rim
         prob[i][rim & pore & ~held] = 0.0
     return prob
+
+
+#: Depths (voxels, within the slice) of the shell a found sample's rim is judged by, and of its inside.
+SHELL, INSIDE = (RIM + 1, RIM + 3), RIM + 8
+
+
+class RimCheck:
+    """Porosity in a shell under the sample's surface (depth :data:`SHELL`, below the rim) against its
+    inside (deeper than :data:`INSIDE`), over the slices it is shown: a container wall counted as
+    sample shows a shell with almost no pore, an air gap counted as sample a shell of pores."""
+
+    def __init__(self):
+        self.counts = np.zeros(4, np.int64)  # shell pores, shell voxels, inside pores, inside voxels
+
+    def add(self, pores: np.ndarray, inside: np.ndarray) -> None:
+        """One slice: its pores and its sample (bool ``(Y, X)``)."""
+        a = ndi.binary_erosion(inside, _CROSS, iterations=SHELL[0], border_value=1)
+        b = ndi.binary_erosion(a, _CROSS, iterations=SHELL[1] - SHELL[0], border_value=1)
+        c = ndi.binary_erosion(b, _CROSS, iterations=INSIDE - SHELL[1], border_value=1)
+        shell = a & ~b
+        pores = np.asarray(pores, bool)
+        self.counts += [np.count_nonzero(pores & shell), np.count_nonzero(shell),
+                        np.count_nonzero(pores & c), np.count_nonzero(c)]
+
+    def result(self) -> dict:
+        """``shell_porosity``, ``inside_porosity`` and ``differs`` (the shell's porosity under a quarter of
+        the inside's, or above 2.5 times it and 0.05 more: a wall or a gap in the sample)."""
+        sp, sn, ip, in_ = (int(v) for v in self.counts)
+        if sn < 100 or in_ < 100:
+            return {"shell_porosity": None, "inside_porosity": None, "differs": False}
+        shell, inner = sp / sn, ip / in_
+        differs = (inner >= 0.02 and shell < 0.25 * inner) or shell > 2.5 * inner + 0.05
+        return {"shell_porosity": round(shell, 4), "inside_porosity": round(inner, 4), "differs": bool(differs)}

@@ -52,6 +52,7 @@ import numpy as np
 from scipy import ndimage as ndi
 
 from ctpore.data.envelope import Envelope, fit_envelope, sample_slices
+from ctpore.data.profiles import PROFILE_PIXELS
 
 __all__ = ["SampleFit", "find_sample", "KINDS"]
 
@@ -221,14 +222,14 @@ class SampleFit:
             return env.outline.inside(raw, z0, self.spacing_mm, valid)
         return None
 
-    def outside(self, raw: np.ndarray, z0: int, margin: int = 0) -> tuple[np.ndarray, int]:
+    def outside(self, raw: np.ndarray, z0: int, margin: int = 0) -> tuple[np.ndarray, dict]:
         """Bool ``(n, Y, X)``, True outside the sample, for the slices ``z0 : z0 + n`` of raw grey
-        values; and how many of those voxels are the region a shape (or the dark rule) left out, as
-        against the field of view's constant outside and a container's wall (the region whose
-        voxels would be pore if the shape were wrong).
+        values; and counts of those voxels: ``region``, what a shape (or the dark rule) left out
+        apart from the field of view's constant outside and a container's wall (the voxels that
+        would be pore if the shape were wrong), and ``wall``, the container's wall.
 
         ``margin``: the sample is eroded by that many voxels within each slice (a damaged rim), from
-        its own surface: a cut face at the slice's edge stays where it is.
+        its surface (whatever found it): a cut face at the slice's edge stays where it is.
         """
         raw = np.asarray(raw, np.float32)
         n = raw.shape[0]
@@ -244,14 +245,18 @@ class SampleFit:
             inside = np.ones(raw.shape, bool)
         region = ~inside & ~const
         wall = self._wall(raw.shape, z0)
+        n_wall = 0
         if wall is not None:
+            wall &= ~const
             region &= ~wall
+            n_wall = int(np.count_nonzero(wall))
+        sample = inside & ~const
         if margin > 0:
             disk = ndi.iterate_structure(ndi.generate_binary_structure(2, 1), int(margin))
             for i in range(n):
-                inside[i] = ndi.binary_erosion(inside[i], disk, border_value=1)
-        out = ~inside | const
-        return out, int(np.count_nonzero(region))
+                sample[i] = ndi.binary_erosion(sample[i], disk, border_value=1)
+        out = ~sample
+        return out, {"region": int(np.count_nonzero(region)), "wall": n_wall}
 
     def _wall(self, shape, z0: int) -> Optional[np.ndarray]:
         wall = self.envelope.wall
@@ -355,6 +360,19 @@ def _stray(slices, valid, env: Envelope, spacing) -> float:
     return hit / tot if tot else 0.0
 
 
+def _clipped(slices, valid) -> list:
+    """The slices with grey values far outside their robust range (a block of 1e30 from a failed
+    reconstruction, a metal inclusion) clipped to one whole range beyond it, as the normalization
+    does: so few voxels must not become the "material" the shape is fitted to."""
+    from ctpore.data.normalize import CLIP_HIGH, CLIP_LOW, robust_range
+
+    outside = None if all(ok is None for ok in valid) else np.stack(
+        [np.zeros(sl.shape, bool) if ok is None else ~ok for sl, ok in zip(slices, valid)])
+    lo, hi = robust_range(np.stack(slices), max_slices=len(slices), outside=outside)
+    w = hi - lo
+    return [np.clip(sl, lo + CLIP_LOW * w, hi + (CLIP_HIGH - 1.0) * w) for sl in slices]
+
+
 def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> SampleFit:
     """Where the sample is in a scan (see the module docstring).
 
@@ -384,16 +402,22 @@ def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> Sa
     if ny < 8 or nx < 8:
         return none
     zs = sample_slices(nz, n_max)
-    slices = [np.asarray(volume[int(z): int(z) + 1], dtype=np.float32)[0] for z in zs]
+    # a large slice is kept on a grid of every `step`-th pixel (its spacing `step` times larger): the
+    # fit's memory and time stay bounded, and its geometry is in mm whatever the grid
+    step = max(1, int(round(math.sqrt(ny * nx / PROFILE_PIXELS))))
+    slices = [np.ascontiguousarray(np.asarray(volume[int(z): int(z) + 1], dtype=np.float32)[0][::step, ::step])
+              for z in zs]
+    grid = (spacing[0], spacing[1] * step, spacing[2] * step)
     constant = _constant_level(slices)
     valid = [None] * len(slices)
     if constant is not None:
         valid = [~_connected_to_border(sl == constant) for sl in slices]
-    env = fit_envelope(slices, zs, spacing, valid)
+    slices = _clipped(slices, valid)
+    env = fit_envelope(slices, zs, grid, valid)
     env.zs = zs
     fit = SampleFit((nz, ny, nx), spacing, constant, env)
     if env.kind == "cylinder":
-        fit.checks["stray"] = _stray(slices, valid, env, spacing)
+        fit.checks["stray"] = _stray(slices, valid, env, grid)
         if fit.checks["stray"] > 0.2 and env.wall is None:
             # the cylinder cuts through material: not the sample's surface; take the outline
             from ctpore.data.envelope import Outline

@@ -33,9 +33,13 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     fitted twice with one geometry for both: as a core (a blurred disc) and as a wall (a blurred
     annulus about ``cyl``'s axis, with levels of its own) around a core whose axis may sit off the
     wall's. The levels are solved exactly for each geometry. The variance sees a wall as grey as the
-    sample: a wall is uniform, the material is not. A wall must halve the residual of the core, be
-    between 1.5 voxels and a quarter of the radius thick, and differ from the sample by three times the
-    sample's own scatter between sectors (in a level, or by an air gap).
+    sample: a wall is uniform, the material is not. Residuals are in units of the sample's own scatter
+    between sectors; the gain is how much a wall lowers them, per sector. A wall is taken when the
+    gain is at least 25, or at least 5 and the wall is uniform (its variance above the air's at most
+    0.7 of the sample's), apart from the sample (an air gap of 1.5 voxels) or of a level of its own
+    (two scatters from the sample's), or at least 3 and the wall is clearly uniform (0.3); and when it
+    is between 1.5 voxels and a quarter of the radius thick, holds the sample (to 1.5 voxels) and is
+    seen all around (in 60% of the sectors).
     """
     from scipy.optimize import least_squares
     from scipy.special import ndtr
@@ -90,7 +94,7 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     hi = np.array([0.25 * r1, r1 + 3 * px, 4 * px, 0.3 * r1, 0.3 * r1, r1, 6 * px])
     hi[0] = min(hi[0], 48 * px)
     starts = []
-    for t in (2, 5, 12, 30):
+    for t in (2, 4, 7, 12, 20, 30):
         if t * px > hi[0]:
             break
         for g in (0.0, 3.0):
@@ -100,7 +104,7 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     if not starts:  # too small a radius for the thinnest wall
         return None
     best = None
-    for _, x0 in sorted(starts, key=lambda c: c[0])[:3]:  # the three most promising starts
+    for _, x0 in sorted(starts, key=lambda c: c[0])[:4]:  # the four most promising starts
         sol = least_squares(lambda p: solve(wall_basis(p))[0], x0, bounds=(lo, hi), max_nfev=100)
         if best is None or sol.cost < best.cost:
             best = sol
@@ -114,8 +118,14 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     own = w_v <= 0.7 * s_v or gap >= 1.5 * px or abs(w_m - s_m) >= 2.0
     mid = min(int(0.5 * (r_in + r_out) / prof.step), prof.nb - 1)
     seen = float(np.mean(prof.covered[:, mid]))  # a wall is seen all around, not in a slice's corners
-    if not ((rss1 - rss2) / prof.n_sectors >= 5.0 and 1.5 * px <= thickness <= 0.25 * r1 and gap >= -1.0 * px
-            and own and w_m > 0 and seen >= 0.6):
+    import os
+    if os.environ.get("CTPORE_WALL_DEBUG"):
+        print(f"  wall? dk={(rss1 - rss2) / prof.n_sectors:.1f} t={thickness / px:.2f} r_out={r_out / px:.1f} "
+              f"r_s={r_s / px:.1f} off=({dy / px:.1f},{dx / px:.1f}) gap={gap / px:.2f} wm={w_m:.2f} sm={s_m:.2f} "
+              f"wv={w_v:.2f} sv={s_v:.2f} seen={seen:.2f} sig={sig / px:.2f} sigs={sig_s / px:.2f}")
+    gain = (rss1 - rss2) / prof.n_sectors  # how much better a wall explains the profiles, per sector
+    evidence = gain >= 25.0 or (gain >= 5.0 and own) or (gain >= 3.0 and w_v <= 0.3 * s_v)
+    if not (evidence and 1.5 * px <= thickness <= 0.25 * r1 and gap >= -1.5 * px and w_m > 0 and seen >= 0.6):
         return None
     return {"outer": cyl, "r_in": r_in, "r_out": r_out, "thickness_mm": thickness,
             "level": w_m * scat[0] + air, "blur_mm": sig, "fit_gain": rss1 / max(rss2, 1e-12)}

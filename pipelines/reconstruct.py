@@ -38,7 +38,7 @@ from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan
 from ctpore.data.io.formats import optional_import
 from ctpore.data.io.omezarr_write import remove_tree
 from ctpore.data.metrics import MetricsAccumulator
-from ctpore.data.rim import clear_rim
+from ctpore.data.rim import RimCheck, clear_rim
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
 from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.budget import plan_budget
@@ -181,6 +181,7 @@ def run_reconstruction(
     smask = None
     stages: dict = {}
     picture: dict = {}
+    rim = RimCheck()
     clock = [time.perf_counter()]
 
     def lap(name: str) -> None:
@@ -224,6 +225,9 @@ def run_reconstruction(
                 inside = smask.inside(a, b)
                 if inside is not None and a <= middle < b:
                     picture["inside"] = inside[middle - a].copy()
+                if inside is not None and smask.fit is not None:  # every 8th slice of a found sample
+                    for z in range(a + (-a) % 8, b, 8):
+                        rim.add(pores[z - a], inside[z - a])
                 sink.write(a, b, pores, prob, inside)
                 acc.add(pores, prob, truth_reader.slab(a, b) if truth_reader is not None else None, inside)
 
@@ -248,6 +252,17 @@ def run_reconstruction(
     metrics["postprocessing"] = post.describe()
     metrics["sample_voxels"] = acc.n_sample
     metrics["sample"] = smask.info
+    if smask.fit is not None and smask.fit.has_outside:
+        check = rim.result()
+        metrics["sample"]["rim_check"] = check
+        if check["differs"]:
+            metrics["sample"]["confident"] = False
+            warnings.warn(f"{source}: the found sample's outer voxels differ from its inside (porosity "
+                          f"{check['shell_porosity']:.3f} a few voxels under its surface, "
+                          f"{check['inside_porosity']:.3f} inside): a container wall or an air gap may be counted "
+                          "as sample; check "
+                          "<stem>_sample.png, drop a rim with --sample-margin N, or give your own mask (--sample MASK)",
+                          CtporeWarning, stacklevel=2)
     metrics["porosity_if_region_is_pore"] = _if_region_is_pore(metrics, acc, smask, source)
     metrics["stage_seconds"] = stages
     return metrics
@@ -263,7 +278,7 @@ def _if_region_is_pore(metrics: dict, acc: MetricsAccumulator, smask, source: st
     pores = float(metrics["porosity"]) * n
     alt = (pores + region) / (n + region) if n + region else 0.0
     fit = smask.fit
-    if region and fit is not None and not fit.confident:
+    if region and fit is not None and not fit.confident:  # (the rim check warns on its own)
         total = int(np.prod(acc.shape))
         warnings.warn(f"{source}: the sample's outside is uncertain ({smask.info['found']}): "
                       f"{100.0 * region / max(total, 1):.1f}% of the scan, a dark region joined to the border, "

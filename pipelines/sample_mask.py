@@ -42,9 +42,10 @@ class SampleMask:
         ``(Z, Y, X)``, True outside the sample.
     info : dict
         ``mode`` (``auto``, ``all`` or ``mask``), ``found`` (in words), ``outside_voxels``; for a found
-        sample also ``margin_vox`` and the geometry (:meth:`~ctpore.data.sample.SampleFit.info`),
-        and ``region_voxels``: the voxels a shape left out that are neither a field of view's
-        constant outside nor a container's wall (what would be pore if the shape were wrong).
+        sample also ``margin_vox`` and the geometry (:meth:`~ctpore.data.sample.SampleFit.info`; a
+        wall's ``voxels``), and ``region_voxels``: the voxels a shape left out that are neither a
+        field of view's constant outside nor a container's wall (what would be pore if the shape were
+        wrong).
     fit : SampleFit or None
         What was found (``auto``).
     """
@@ -173,17 +174,20 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
             return SampleMask(None, {"mode": "auto", "found": fit.describe(), "outside_voxels": 0, **fit.info()},
                               fit=fit)
         store, handle = _store(shape, folder, in_memory)
-        n = region = 0
+        n = region = wall = 0
         for z0 in range(0, shape[0], _SLAB):
             z1 = min(shape[0], z0 + _SLAB)
-            out, r = fit.outside(np.asarray(volume[z0:z1], np.float32), z0, margin)
+            out, counts = fit.outside(np.asarray(volume[z0:z1], np.float32), z0, margin)
             store[z0:z1] = out
             n += int(np.count_nonzero(out))
-            region += r
+            region += counts["region"]
+            wall += counts["wall"]
             if progress is not None:
                 progress(z1, shape[0], "finding the sample")
         info = {"mode": "auto", "found": fit.describe(), "outside_voxels": n, "region_voxels": region,
                 "margin_vox": margin, **fit.info()}
+        if fit.envelope.wall is not None:
+            info["wall"]["voxels"] = wall
     else:
         store, handle = _store(shape, folder, in_memory)
         n = _user_mask(sample, geometry, store, progress)
@@ -201,4 +205,4 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
         warnings.warn(f"{source}: {n} voxel(s) ({100.0 * n / total:.1f}% of the scan) lie outside the sample "
                       f"({info['found']}); every figure is of the sample's {total - n} voxels (--sample all measures "
                       "the whole volume)", CtporeWarning, stacklevel=2)
-    return SampleMask(store, info, handle)
+    return SampleMask(store, info, handle, fit)

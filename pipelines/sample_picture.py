@@ -15,10 +15,13 @@ from scipy import ndimage as ndi
 
 from ctpore.atomic import atomic_write
 
-__all__ = ["MAX_SIDE", "sample_picture", "write_sample_picture"]
+__all__ = ["MAX_SIDE", "MIN_SIDE", "sample_picture", "write_sample_picture"]
 
 #: The picture's longer side at most (pixels); a larger slice is shrunk by a whole factor.
 MAX_SIDE = 512
+
+#: A slice smaller than this (its longer side, pixels) is enlarged by a whole factor (nearest).
+MIN_SIDE = 256
 
 
 def sample_picture(grey: np.ndarray, inside: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -29,7 +32,7 @@ def sample_picture(grey: np.ndarray, inside: np.ndarray, lo: float, hi: float) -
     Examples
     --------
     >>> g = np.zeros((8, 8), np.float32); s = np.zeros((8, 8), bool); s[2:6, 2:6] = True
-    >>> rgb = sample_picture(g, s, 0.0, 1.0)
+    >>> rgb = sample_picture(g, s, 0.0, 1.0)[::32, ::32]      # (enlarged 32 times: 8 < MIN_SIDE)
     >>> rgb.shape, rgb[2, 2].tolist(), rgb[3, 3].tolist(), rgb[0, 0].tolist()
     ((8, 8, 3), [255, 220, 0], [0, 0, 0], [0, 0, 90])
     """
@@ -40,6 +43,10 @@ def sample_picture(grey: np.ndarray, inside: np.ndarray, lo: float, hi: float) -
         ny, nx = (s // f * f for s in grey.shape)
         grey = grey[:ny, :nx].reshape(ny // f, f, nx // f, f).mean(axis=(1, 3))
         inside = inside[:ny, :nx].reshape(ny // f, f, nx // f, f).mean(axis=(1, 3)) >= 0.5
+    up = max(1, MIN_SIDE // max(grey.shape))
+    if up > 1:
+        grey = np.repeat(np.repeat(grey, up, axis=0), up, axis=1)
+        inside = np.repeat(np.repeat(inside, up, axis=0), up, axis=1)
     v = np.clip((grey - lo) / max(hi - lo, 1e-12), 0.0, 1.0)
     rgb = np.repeat((v * 255).astype(np.uint8)[..., None], 3, axis=2)
     out = ~inside

@@ -1,11 +1,14 @@
 """Time the sample step (``prepare_sample``, the step that finds which voxels are the sample) on a
-large simulated core: a dry core in air, off the slice centre, 256 x 1024 x 1024 uint16 (NIfTI,
-uncompressed, so that the time is the step's own work and not gzip's).
+large simulated core, off the slice centre, 256 x 1024 x 1024 uint16 (NIfTI, uncompressed, so that
+the time is the step's own work and not gzip's): dry in air, with brine-filled pores in air, or with
+the constant 0 beyond its surface.
 
-``python scripts/sample_step_time.py OUT.json [--core PATH] [--repeats N]`` makes the core once
+``python scripts/sample_step_time.py OUT.json [--kind dry|brine|zero] [--repeats N] [--append]`` makes
+the core once
 (``runs/big/core_256x1024.nii`` by default), then runs the step ``N`` times and writes the median
 seconds with the CPU's name. Run it with two versions of ctpore importable in turn (e.g. an older
-checkout on PYTHONPATH) to compare them on one machine, interleaved.
+checkout on PYTHONPATH) to compare them on one machine, interleaved (``--append``: one run at a time
+into the same file, alternating the versions).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> None:
     ap.add_argument("--kind", default="dry", choices=CORES)
     ap.add_argument("--core", default=None, help="default: runs/big/core_KIND_256x1024.nii")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--append", action="store_true", help="add these runs' seconds to those already in OUT")
     a = ap.parse_args()
     core = Path(a.core or f"runs/big/core_{a.kind}_256x1024.nii")
     if not core.exists():
@@ -84,6 +88,8 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
             found = {k: v for k, v in mask.info.items() if isinstance(v, (str, int, float))}
             mask.close()
+    if a.append and Path(a.out).exists():
+        times = json.loads(Path(a.out).read_text())["seconds"] + times
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     flags = open("/proc/cpuinfo").read()
     res = {"ctpore": str(Path(ctpore.__file__).parent), "core": a.kind, "shape_zyx": [256, 1024, 1024],

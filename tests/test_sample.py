@@ -150,3 +150,99 @@ def test_the_outside_is_found_from_medians_filtered_where_they_are_looked_at():
         whole = ndi.median_filter(sl, size=3, mode="nearest")
         b, m = _filtered_border_and_middle(sl)
         assert np.array_equal(b, _border(whole)) and np.array_equal(m, _middle(whole))
+
+
+def test_a_margin_erodes_the_found_sample_by_that_many_voxels_within_each_slice():
+    """--sample-margin N: the sample is the found one eroded by N voxels in-plane (a damaged rim
+    dropped); a cut face at the slice's edge is not eroded."""
+    from scipy import ndimage as ndi
+
+    from ctpore.pipelines.reconstruct import reconstruct
+
+    grey, _truth, circle = core(12, "tubes", "zero")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = reconstruct(grey, spacing_mm=(0.01, 0.01, 0.01), method="otsu")
+        eroded = reconstruct(grey, spacing_mm=(0.01, 0.01, 0.01), method="otsu", sample_margin=3)
+    cross = ndi.generate_binary_structure(2, 1)
+    want = np.stack([ndi.binary_erosion(s, ndi.iterate_structure(cross, 3), border_value=1)
+                     for s in plain.sample.astype(bool)])
+    np.testing.assert_array_equal(eroded.sample.astype(bool), want)
+    assert eroded.metrics["sample"]["margin_vox"] == 3
+    assert eroded.metrics["sample_voxels"] == int(want.sum()) < plain.metrics["sample_voxels"]
+    with pytest.raises(Exception, match="whole number of voxels"):
+        reconstruct(grey, method="otsu", sample_margin=-1)
+
+
+def test_an_uncertain_outside_is_said_with_the_porosity_if_it_were_pore(monkeypatch):
+    """A dark outside that no shape fits (here the shape's fit is made to find nothing) is left out by
+    its grey value alone: flagged as uncertain, with a warning that gives the share of the scan at
+    stake and the porosity as it would be if that region were pore, which the metrics carry beside
+    the porosity."""
+    import ctpore.data.sample as sample_module
+    from ctpore.data.envelope import Envelope
+    from ctpore.pipelines.reconstruct import reconstruct
+
+    monkeypatch.setattr(sample_module, "fit_envelope", lambda *a, **k: Envelope("none"))
+    scan, _truth, _ = make_pair(21, shape=(16, 64, 64), family="grains")
+    grey = scan.astype(np.float32)
+    pore, solid = np.percentile(grey, [5, 95])
+    frame = np.ones(grey.shape, bool)
+    frame[:, 6:-6, 6:-6] = False
+    grey[frame] = pore - (solid - pore) + np.random.default_rng(3).normal(0, 0.02 * (solid - pore),
+                                                                          int(frame.sum()))
+    with pytest.warns(UserWarning) as rec:
+        res = reconstruct(grey, spacing_mm=(0.01, 0.01, 0.01))
+    m = res.metrics
+    assert m["sample"]["kind"] == "dark" and m["sample"]["confident"] is False
+    region, n = m["sample"]["region_voxels"], m["sample_voxels"]
+    assert region == m["sample"]["outside_voxels"] and abs(region - frame.sum()) <= 0.05 * frame.sum()
+    alt = (m["porosity"] * n + region) / (n + region)
+    assert m["porosity_if_region_is_pore"] == pytest.approx(alt) and alt > m["porosity"]
+    said = " ".join(str(r.message) for r in rec)
+    assert "uncertain" in said and f"{alt:.4f}" in said and f"{100.0 * region / grey.size:.1f}%" in said
+
+
+def test_the_partial_volume_rim_is_not_pore_but_a_pore_open_at_the_surface_is():
+    """clear_rim: pore voxels within the rim that reach no deeper pore are cleared (those within the
+    rim's depth of a mouth, along the surface, are part of it); a pore that goes on inwards keeps its
+    mouth; the slice's edge is not a surface."""
+    from ctpore.data.rim import RIM, clear_rim
+
+    outside = np.zeros((1, 20, 20), bool)
+    outside[0, :, :4] = True
+    prob = np.zeros((1, 20, 20), np.float32)
+    prob[0, :, 4:4 + RIM] = 0.9  # a dark rim all along the surface
+    prob[0, 8:11, 4:15] = 0.9  # a pore open at the surface, deep inside
+    prob[0, 0, 10:14] = 0.9  # at the slice's edge, away from the surface: not a rim
+    out = clear_rim(prob.copy(), outside)[0]
+    assert out[8:11, 4:15].min() == pytest.approx(0.9)  # the open pore, mouth included
+    # the rim along solid, farther along the surface from the mouth than the rim is deep
+    assert not out[:8 - RIM, 4:4 + RIM].any() and not out[11 + RIM:, 4:4 + RIM].any()
+    assert out[0, 10:14].min() == pytest.approx(0.9)
+    assert not out[:, :4].any()  # the outside
+
+
+def test_the_simulator_renders_a_scene_and_its_true_sample_without_moving_a_plain_scan():
+    """A scene's scan has the same structure and scanner as the plain pair (the scene draws from its
+    own stream); its true sample is the voxels whose centre lies in the geometry; a circular field
+    of view holds its constant; brine-filled pores are brighter than the air outside."""
+    from ctpore.data.synthetic.scenes import Scene, true_sample
+
+    shape = (8, 64, 64)
+    plain, truth_plain, info_plain = make_pair(5, shape=shape)
+    scene = Scene(kind="cylinder", spacing_mm=(0.01, 0.01, 0.01), radius_mm=0.2, fov_radius_mm=0.3,
+                  pore_fluid=0.5)
+    scan, truth, info = make_pair(5, shape=shape, scene=scene)
+    again, _, _ = make_pair(5, shape=shape)
+    np.testing.assert_array_equal(plain, again)  # the plain pair is untouched
+    assert info["params"] == info_plain["params"] and info["family"] == info_plain["family"]
+    _, yy, xx = np.indices(shape)
+    r2 = ((yy - 31.5) * 0.01) ** 2 + ((xx - 31.5) * 0.01) ** 2
+    np.testing.assert_array_equal(info["sample"], r2 <= 0.2 ** 2)
+    np.testing.assert_array_equal(true_sample(scene, shape), info["sample"])
+    np.testing.assert_array_equal(truth, truth_plain * info["sample"])  # the same pores, in the sample
+    assert np.all(scan[r2 > 0.3 ** 2] == 0)  # beyond the field of view
+    air = scan[(r2 > 0.22 ** 2) & (r2 < 0.28 ** 2)].mean()
+    brine = scan[(truth == 1) & (r2 < 0.15 ** 2)].mean()
+    assert brine > air

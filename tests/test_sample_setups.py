@@ -93,6 +93,7 @@ def test_each_setup_is_measured_as_with_its_true_sample(name, predictor):
         assert abs(r - scene.radius_mm) <= 0.5 * VOXEL_MM, (r, scene.radius_mm)
     if scene.wall_mm > 0 and name != "tube-touching":
         assert abs(info["wall"]["thickness_mm"] - scene.wall_mm) <= 0.5 * VOXEL_MM
+        assert info["wall"]["voxels"] > 0
     # what the figures would be if the region left out were pore: more, and said beside the porosity
     assert found.metrics["porosity_if_region_is_pore"] > found.metrics["porosity"]
 

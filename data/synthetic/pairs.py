@@ -170,11 +170,12 @@ def _resolve_scene(scene, seed: int, shape: tuple[int, int, int]) -> Scene:
     return Scene.setup(str(scene), shape, (VOXEL_SIZE_MM,) * 3, scene_rng(seed))
 
 
-def _save_nifti(arr: np.ndarray, path: Path, voxel_mm: float) -> None:
+def _save_nifti(arr: np.ndarray, path: Path, voxel_mm) -> None:
     import nibabel as nib
 
+    dz, dy, dx = (voxel_mm,) * 3 if np.isscalar(voxel_mm) else voxel_mm
     # (Z, Y, X) -> NIfTI (i, j, k) = (X, Y, Z): the slice axis Z is the file's third axis k
-    img = nib.Nifti1Image(np.ascontiguousarray(arr.T), np.diag([voxel_mm, voxel_mm, voxel_mm, 1.0]))
+    img = nib.Nifti1Image(np.ascontiguousarray(arr.T), np.diag([dx, dy, dz, 1.0]))
     img.header.set_xyzt_units("mm")
     img.header.set_data_dtype(arr.dtype)
     with atomic_write(path) as tmp:
@@ -193,6 +194,7 @@ def write_pairs(
     seed: int = 0,
     progress: ProgressFn = None,
     zoom_max: float = 1.0,
+    scene: Optional[str] = None,
 ) -> list[dict]:
     """Write ``n`` synthetic pairs as NIfTI files with a manifest.
 
@@ -205,7 +207,10 @@ def write_pairs(
 
     Pair ``i`` uses seed :func:`pair_seed` ``(seed, i)`` and zoom :func:`draw_zoom` ``(that seed,
     zoom_max)`` (1 for every pair when ``zoom_max`` is 1), so ``make_pair(entry["seed"], shape,
-    zoom=entry["zoom"])`` rebuilds it.
+    zoom=entry["zoom"])`` rebuilds it. With a ``scene`` (a set-up's name or ``"random"``,
+    :mod:`~ctpore.data.synthetic.scenes`) the scans show the sample in its surroundings, written with
+    the scene's voxel size, and ``outdir/sample_{i:04d}.nii.gz`` holds the true sample (1 = sample;
+    entry ``sample``).
 
     Returns
     -------
@@ -221,11 +226,16 @@ def write_pairs(
     entries = []
     for i in range(int(n)):
         s = pair_seed(seed, i)
-        scan, truth, info = make_pair(s, shape, zoom=draw_zoom(s, zoom_max))
+        scan, truth, info = make_pair(s, shape, zoom=draw_zoom(s, zoom_max), scene=scene)
         scan_name, label_name = f"scan_{i:04d}.nii.gz", f"label_{i:04d}.nii.gz"
-        _save_nifti(scan, out / scan_name, VOXEL_SIZE_MM)
-        _save_nifti(truth, out / label_name, VOXEL_SIZE_MM)
+        voxel = tuple(info["scene"]["spacing_mm"]) if scene is not None else (VOXEL_SIZE_MM,) * 3
+        _save_nifti(scan, out / scan_name, voxel)
+        _save_nifti(truth, out / label_name, voxel)
         entry = {"index": i, "scan": scan_name, "label": label_name, "voxel_size_mm": VOXEL_SIZE_MM}
+        sample = info.pop("sample", None)
+        if sample is not None:
+            entry.update(sample=f"sample_{i:04d}.nii.gz", voxel_size_mm=list(voxel))
+            _save_nifti(sample.astype(np.uint8), out / entry["sample"], voxel)
         entry.update(info)
         entries.append(entry)
         if progress is not None:
