@@ -428,6 +428,8 @@ def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> Sa
             env.kind = "outline"
             env.outline = Outline(env.cylinder, k, lv["air"], lv["air"] + 0.25 * (lv["material"] - lv["air"]),
                                   lv["material"])
+    if env.kind == "outline":  # a block or not, decided once on the fit's slices
+        env.outline = env.outline.judge_block(slices, valid)
     if env.kind == "none" and constant is None:
         fit.dark = _dark_rule(slices)
     if _weakrefable(volume):

@@ -52,6 +52,7 @@ class SampleMask:
 
     def __init__(self, outside, info: dict, handle=None, fit=None):
         self.outside, self.info, self._handle, self.fit = outside, info, handle, fit
+        self._nearest = None  # the last slice's outside and its nearest sample pixels
 
     def inside(self, a: int, b: int) -> Optional[np.ndarray]:
         """Bool ``(n, Y, X)`` of slices ``a:b``, True in the sample (None: all of it)."""
@@ -66,7 +67,10 @@ class SampleMask:
         out = np.asarray(self.outside[a:b])
         for i in range(block.shape[0]):
             if out[i].any() and not out[i].all():
-                iy, ix = ndi.distance_transform_edt(out[i], return_distances=False, return_indices=True)
+                if self._nearest is None or not np.array_equal(self._nearest[0], out[i]):  # (a core's slices
+                    iy, ix = ndi.distance_transform_edt(out[i], return_distances=False, return_indices=True)
+                    self._nearest = (out[i].copy(), iy, ix)  # share one outside: computed once)
+                _, iy, ix = self._nearest
                 block[i] = block[i][iy, ix]
         return block
 
