@@ -22,11 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(_WIN32)
-#define EXPORT __declspec(dllexport)
-#else
 #define EXPORT __attribute__((visibility("default")))
-#endif
 
 /* One build, the best vector unit at run time (GCC on x86-64 Linux); elsewhere the compiler's default. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -67,10 +63,14 @@ static inline void store16_bf16(uint16_t *p, v16 x) {
 }
 
 /* e^x for x <= 0 (scores minus their maximum), 8 lanes: Cephes' expf polynomial, relative error
- * below 2e-7; lanes below -87 give e^-87 (they are masked or negligible). */
+ * below 2e-7; lanes below -87 give e^-87 (they are masked or negligible). A lane that is not a
+ * number (a NaN or an infinity in the input) is clamped into [-87, 0] before the conversion to an
+ * integer, which is defined only for values that fit: its result is meaningless, never undefined. */
 static inline v8 exp8(v8 x) {
-    const v8 lo = x < -87.0f; /* comparisons give -1 (true) / 0 lanes */
-    x = (v8)(((v8i)x & ~(v8i)lo) | ((v8i)((v8){0} - 87.0f) & (v8i)lo));
+    const v8 ok = x >= -87.0f; /* comparisons give -1 (true) / 0 lanes; false for NaN */
+    x = (v8)(((v8i)x & (v8i)ok) | ((v8i)((v8){0} - 87.0f) & ~(v8i)ok));
+    const v8 pos = x > 0.0f;
+    x = (v8)((v8i)x & ~(v8i)pos); /* +inf or > 0: 0 */
     v8 t = x * 1.44269504088896341f - 0.5f;
     v8i n = __builtin_convertvector(t, v8i); /* toward zero: t - 0.5 rounds t to nearest for t <= 0 */
     v8 nf = __builtin_convertvector(n, v8);
@@ -189,13 +189,22 @@ static float *alloc_scratch(int64_t Zk, int64_t Hkv, int64_t W) {
     return (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * Hkv * D * (Zk + L - 1) + 16));
 }
 
-/* One exported entry per storage type: head size 16, a window of 1..32 slices, H a multiple of
- * Hkv (the caller checks). Returns 0, or -1 when the scratch memory could not be allocated. */
+/* The arguments the kernel is written for: a window of 1..32 slices, 1 <= Zq <= Zk queries and keys,
+ * H a multiple of Hkv >= 1, columns 0 <= n0 <= n1. Anything else would read or write out of bounds
+ * (the scratch is sized from W, a query reads Zk - Zq + i), so it is declined here, whatever the
+ * caller checked. */
+static int bad_args(int64_t n0, int64_t n1, int64_t Zq, int64_t Zk, int64_t H, int64_t Hkv, int64_t W) {
+    return W < 1 || W > 32 || Zq < 1 || Zk < Zq || H < 1 || Hkv < 1 || H % Hkv != 0 || n0 < 0 || n1 < n0;
+}
+
+/* One exported entry per storage type, head size 16. Returns 0; -1 when the scratch memory could
+ * not be allocated; -2 for arguments it is not written for (bad_args), having touched nothing. */
 #define RUN_ARGS q, k, v, out, n0, n1, Zq, Zk, H, Hkv, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch
 #define DEFINE_EXPORT(NAME, T, RUN)                                                                \
     EXPORT int NAME(const T *q, const T *k, const T *v, T *out, int64_t n0, int64_t n1, int64_t Zq,  \
                     int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale, int64_t q_sn,      \
                     int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {        \
+        if (bad_args(n0, n1, Zq, Zk, H, Hkv, W)) return -2;                                        \
         float *scratch = alloc_scratch(Zk, Hkv, W);                                                \
         if (!scratch) return -1;                                                                   \
         switch ((W + 7) / 8) {                                                                     \

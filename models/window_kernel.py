@@ -97,11 +97,15 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     -------
     torch.Tensor or None
         ``(N, Zq, H, D)`` in ``q``'s dtype; None when the kernel is not built, the shapes are
-        not the ones it is written for, the tensors are not CPU fp32/bf16, or need a gradient
-        (PyTorch's kernel then runs).
+        not the ones it is written for (``D`` not 16, a window outside 1..32, more queries than
+        keys, no key/value head or ``H`` not a multiple of ``Hkv``), any tensor is not on the CPU
+        or not fp32/bf16, or needs a gradient (PyTorch's kernel then runs). The C entry declines
+        the same shapes itself (code -2, here a RuntimeError): nothing out of bounds whoever calls it.
     """
     lib = _library()
-    if lib is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16):
+    if lib is None or q.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if any(t.device.type != "cpu" for t in (q, k, v)):
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
@@ -109,9 +113,9 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
         return None
     n, zq, h, d = q.shape
     zk, hkv = k.shape[1], k.shape[2]
-    if tuple(k.shape) != (n, zk, hkv, d) or tuple(v.shape) != (n, zk, hkv, d) or h % hkv:
+    if tuple(k.shape) != (n, zk, hkv, d) or tuple(v.shape) != (n, zk, hkv, d) or hkv < 1 or h % hkv:
         return None
-    if zk < zq or d != HEAD_SIZE or not 1 <= window <= MAX_WINDOW:
+    if zq < 1 or zk < zq or d != HEAD_SIZE or not 1 <= window <= MAX_WINDOW:
         return None
     q = q.contiguous()
     if k.stride(3) != 1 or (hkv > 1 and k.stride(2) != d):  # the kernel reads heads d apart
@@ -129,6 +133,9 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
         codes = [fn(*ptrs, 0, n, *args)]
     else:
         codes = list(_pool(threads).map(lambda i: fn(*ptrs, bounds[i], bounds[i + 1], *args), range(threads)))
-    if any(codes):
+    if any(c == -1 for c in codes):
         raise MemoryError("the window attention kernel could not allocate its scratch memory")
+    if any(codes):  # -2: declined at its own boundary, what the checks above should have caught
+        raise RuntimeError(f"the window attention kernel declined its arguments (code {max(codes, key=abs)}): "
+                           f"q {tuple(q.shape)}, k {tuple(k.shape)}, window {window}")
     return out

@@ -177,3 +177,79 @@ def test_the_plan_counts_bf16_activations_at_two_bytes_and_stays_in_the_budget(m
     window = max((w[1] - w[0], w[3] - w[2]) for _c, w in tiles)
     need = model.inference_bytes(window, (half[0], half[0]), half[1], dtype_bytes=2)
     assert need <= budget < model.inference_bytes(window, (half[0], half[0]), half[1])
+
+
+# -- the kernel's own boundary ------------------------------------------------------------------
+
+
+def _compile(cc: str, flags: list, out, src) -> bool:
+    import subprocess
+
+    return subprocess.run([cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True).returncode == 0
+
+
+def test_the_c_harness_declines_what_the_kernel_is_not_written_for_under_the_sanitizers(tmp_path):
+    """tests/c/winattn_harness.c, built with AddressSanitizer and UBSan (float-to-int included) where
+    the compiler has them: a window of 0 or 33, more queries than keys, no query, no key/value head,
+    H not a multiple of Hkv and a backward column range are each declined (-2) before anything is
+    touched; valid problems of every window class match a plain reference; NaN and infinite input run
+    with no undefined behaviour. (A run of the kernel as it was before these guards writes out of
+    bounds at the first case.)"""
+    import subprocess
+    from pathlib import Path
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler here")
+    src = Path(__file__).parent / "c" / "winattn_harness.c"
+    exe = tmp_path / "harness"
+    sanitized = ["-O1", "-g", "-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all",
+                 "-Wno-psabi"]
+    if not _compile(cc, sanitized, exe, src):  # no sanitizer runtime here: the checks of return codes still run
+        assert _compile(cc, ["-O2", "-Wno-psabi"], exe, src), "the harness does not build"
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60,
+                         env={"ASAN_OPTIONS": "detect_leaks=0", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", ["window 0", "window 33", "more queries than keys", "no key/value head",
+                                  "H not a multiple of Hkv", "keys on another device", "head size 8"])
+def test_the_python_side_declines_each_shape_the_kernel_is_not_written_for(case):
+    """Each shape the kernel is not written for is answered None (PyTorch's kernel runs instead) before
+    the C entry is called; the C entry declines them too (the harness above)."""
+    q = torch.randn(3, 4, 4, 16)
+    k = v = torch.randn(3, 6, 1, 16)
+    window = 8
+    if case == "window 0":
+        window = 0
+    elif case == "window 33":
+        window = 33
+    elif case == "more queries than keys":
+        q = torch.randn(3, 7, 4, 16)
+    elif case == "no key/value head":
+        k = v = torch.randn(3, 6, 0, 16)
+    elif case == "H not a multiple of Hkv":
+        k = v = torch.randn(3, 6, 3, 16)
+    elif case == "keys on another device":
+        k = torch.randn(3, 6, 1, 16, device="meta")
+    else:
+        q, k, v = torch.randn(3, 4, 4, 8), torch.randn(3, 6, 1, 8), torch.randn(3, 6, 1, 8)
+    assert window_kernel.window_attention(q, k, v, window) is None
+    assert window_kernel.window_attention(torch.randn(3, 4, 4, 16), torch.randn(3, 6, 1, 16),
+                                          torch.randn(3, 6, 1, 16), 8) is not None  # the valid one runs
+
+
+@needs_kernel
+def test_non_finite_input_runs_and_stays_in_its_column():
+    """A NaN in one column's queries gives NaN in that column only: no undefined behaviour spills
+    into the others (the harness checks the same under UBSan)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(40, 16, 4, 16, generator=g)
+    k, v = torch.randn(2, 40, 23, 1, 16, generator=g)
+    q[7, 3, 1, 5] = float("nan")
+    k[9, 2, 0, 0] = float("inf")
+    out = window_kernel.window_attention(q, k, v, 8)
+    clean = [i for i in range(40) if i not in (7, 9)]
+    torch.testing.assert_close(out[clean].double(), reference(q[clean], k[clean], v[clean], 8),
+                               rtol=1e-5, atol=1e-5)
