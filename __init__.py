@@ -13,7 +13,7 @@ Submodules load lazily, so ``import ctpore`` stays cheap (no torch import until 
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ctpore.version import __version__
 
 __all__ = ["__version__", "load_scan", "reconstruct", "evaluate"]
 

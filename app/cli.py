@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from ctpore import __version__
+from ctpore.version import __version__
 from ctpore.app.attention_cli import attention
 from ctpore.app.bench_cli import bench
 from ctpore.app.console import GPU_MEMORY_DEFAULT as _GPU_MEMORY_DEFAULT

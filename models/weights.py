@@ -117,7 +117,7 @@ def _check_fit(state: dict, expected: dict, path: Path, meta: dict | None = None
     shown = "; ".join(diffs[:2]) + ("; ..." if n > 2 else "")
     written = ""
     if meta and meta.get("ctpore_version"):
-        from ctpore import __version__
+        from ctpore.version import __version__
 
         if meta["ctpore_version"] != __version__:
             written = f" (written by ctpore {meta['ctpore_version']}, this is {__version__})"
@@ -180,7 +180,7 @@ def save_weights(model: torch.nn.Module, path: str | Path, metadata: dict | None
     """
     from safetensors.torch import save_file
 
-    from ctpore import __version__
+    from ctpore.version import __version__
 
     config = getattr(model, "config", None)
     is_poreformer = hasattr(config, "to_json")

@@ -78,7 +78,7 @@ def versions(args: dict) -> dict:
     import importlib.util
     import platform
 
-    from ctpore import __version__
+    from ctpore.version import __version__
     from ctpore.models.backends import load_flash
     from ctpore.runtime import current_rss
 

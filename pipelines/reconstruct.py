@@ -289,7 +289,7 @@ def _if_region_is_pore(metrics: dict, acc: MetricsAccumulator, smask, source: st
 
 
 def _finish(metrics: dict, geometry: Geometry, source: str, t0: float) -> dict:
-    from ctpore import __version__
+    from ctpore.version import __version__
 
     finish_metrics(metrics, geometry, source)
     metrics["seconds"] = round(time.perf_counter() - t0, 3)
