@@ -205,6 +205,7 @@ class StreamingTopology:
         self._sides: list[tuple[np.ndarray, ...]] = []  # per slab: (ylo, yhi, xlo, xhi)
         self._components = SlabComponents(26) if components else None
         self._solid = SlabComponents(6) if components else None  # for the cavities (b2)
+        self._betti: tuple | None = None  # (slices added, (b0, b1, b2)) when last computed
         self.n_pore_voxels = 0
 
     def add(self, slab: np.ndarray) -> None:
@@ -245,10 +246,14 @@ class StreamingTopology:
 
     def betti_numbers(self) -> tuple[int, int, int]:
         """``(b0, b1, b2)`` of the pore phase, as :func:`~ctpore.data.topology.betti_numbers`:
-        pores, tunnels (b0 + b2 - χ) and cavities (solid components that touch no face)."""
-        b0 = self.n_components()
-        b2 = self._solid.n_enclosed()
-        return b0, b0 + b2 - self.euler_number(26), b2
+        pores, tunnels (b0 + b2 - χ) and cavities (solid components that touch no face). Computed
+        once for the slices added so far (every metric that reads them asks)."""
+        z = self.shape[0] if self.shape is not None else 0
+        if self._betti is None or self._betti[0] != z:
+            b0 = self.n_components()
+            b2 = self._solid.n_enclosed()
+            self._betti = (z, (b0, b0 + b2 - self.euler_number(26), b2))
+        return self._betti[1]
 
     def connectivity_density(self, spacing_mm: Sequence[float] = (1.0, 1.0, 1.0),
                              n_voxels: int | None = None) -> float:

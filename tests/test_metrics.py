@@ -583,7 +583,7 @@ def test_metrics_reject_non_binary_and_wrong_ndim():
 def test_boundary_voxels_and_the_error_split_against_a_direct_count():
     from scipy import ndimage as ndi
 
-    from ctpore.data.metrics import BoundaryErrorSplit, boundary_voxels
+    from ctpore.pipelines.bench.error_split import BoundaryErrorSplit, boundary_voxels
 
     rng = np.random.default_rng(3)
     truth = ndi.gaussian_filter(rng.random((14, 15, 16)), 1.5) > 0.5
@@ -609,3 +609,14 @@ def test_boundary_voxels_and_the_error_split_against_a_direct_count():
     assert given.summary() == s
     with pytest.raises(ValueError, match="differ in shape"):
         split.add(probs[0][:-1], truth)
+
+
+def test_the_registry_refuses_a_second_metric_of_one_key():
+    """register_metric never replaces a metric silently: a key already there is refused, and the
+    registry is left as it was."""
+    from ctpore.data.metrics import METRICS, Metric, register_metric
+
+    before = list(METRICS)
+    with pytest.raises(ValueError, match="'porosity' is registered already"):
+        register_metric(Metric("porosity", lambda acc: 0.0))
+    assert METRICS == before

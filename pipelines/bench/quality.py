@@ -22,12 +22,12 @@ import torch
 
 from ctpore.data.calibration import ReliabilityCounter
 from ctpore.data.io import load_scan, read_label
-from ctpore.data.metrics import (BoundaryErrorSplit, betti_numbers, boundary_voxels, comparison_metrics, euler_number,
-                                 porosity)
+from ctpore.data.metrics import betti_numbers, comparison_metrics, euler_number, porosity
 from ctpore.data.splits import BENCH_SEED_BASE, check_bench_seeds
 from ctpore.data.synthetic import draw_zoom, make_pair, scan_label
 from ctpore.errors import InputError
 from ctpore.models.weights import read_metadata, weights_dir
+from ctpore.pipelines.bench.error_split import BoundaryErrorSplit, boundary_voxels
 from ctpore.pipelines.methods import METHODS as METHODS_REGISTRY
 from ctpore.pipelines.methods import get_method
 from ctpore.pipelines.reconstruct import reconstruct
