@@ -270,3 +270,36 @@ def test_warm_start_begins_from_the_given_weights_and_counts_their_budget(tmp_pa
         train(config_from_dict(other), tmp_path / "other")
     with pytest.raises(InputError, match="no such weights file"):
         train(config_from_dict({**TINY, "init_weights": str(tmp_path / "nope.safetensors")}), tmp_path / "x")
+
+
+def test_labelled_scans_are_read_through_the_format_table(tmp_path):
+    """--images/--labels take every format ctpore reads (here NIfTI and HDF5 scans, TIFF labels),
+    matched by sorted name; other files are not entries; a folder with no scan is refused naming it."""
+    h5py = pytest.importorskip("h5py")
+    import nibabel as nib
+    import numpy as np
+    import tifffile
+
+    from ctpore.errors import InputError
+    from ctpore.pipelines.train.batches import labelled_pool
+
+    images, labels = tmp_path / "images", tmp_path / "labels"
+    images.mkdir()
+    labels.mkdir()
+    rng = np.random.default_rng(0)
+    vols = [rng.integers(0, 255, (8, 12, 10)).astype(np.uint8) for _ in range(2)]
+    truths = [(v > 128).astype(np.uint8) for v in vols]
+    nib.save(nib.Nifti1Image(np.ascontiguousarray(vols[0].T), np.eye(4)), images / "a.nii.gz")
+    with h5py.File(images / "b.h5", "w") as f:
+        f.create_dataset("/exchange/data", data=vols[1])
+    (images / "notes.txt").write_text("not a scan")
+    for name, t in zip(("a.tif", "b.tif"), truths):
+        tifffile.imwrite(str(labels / name), t)
+    pool = labelled_pool(images, labels)
+    assert pool.names == ["a.nii.gz", "b.h5"]
+    for got, want in zip(pool.truths, truths):
+        np.testing.assert_array_equal(got, want)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="no scan in this folder"):
+        labelled_pool(empty, labels)

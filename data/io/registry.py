@@ -86,11 +86,11 @@ READERS: list[Format] = [
     Format("nrrd", "NRRD", NRRD_SUFFIXES, NrrdReader, slices="a NRRD are along its last axis (sizes' third number)"),
     Format("ome-zarr", "OME-Zarr", ZARR_SUFFIXES, ZarrReader,
            slices="an OME-Zarr image are along its first spatial axis (z)"),
-    Format("png-folder", "PNG", (".png",), PngFolderReader, folder_of=True,
+    Format("png-folder", "PNG", PngFolderReader.SUFFIXES, PngFolderReader, folder_of=True,
            slices="a folder are its files"),
-    Format("bmp-folder", "BMP", (".bmp",), BmpFolderReader, folder_of=True,
+    Format("bmp-folder", "BMP", BmpFolderReader.SUFFIXES, BmpFolderReader, folder_of=True,
            slices="a folder are its files"),
-    Format("jpeg-folder", "JPEG", (".jpg", ".jpeg"), JpegFolderReader, folder_of=True,
+    Format("jpeg-folder", "JPEG", JpegFolderReader.SUFFIXES, JpegFolderReader, folder_of=True,
            slices="a folder are its files"),
 ]
 

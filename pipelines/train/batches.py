@@ -122,16 +122,18 @@ def simulated_pool(data: DataConfig, val: bool = False, progress: ProgressFn = N
 
 
 def labelled_pool(images_dir, labels_dir, progress: ProgressFn = None) -> Pool:
-    """Scans and labels matched by sorted file name (NIfTI or TIFF)."""
-    exts = (".nii", ".nii.gz", ".tif", ".tiff")
+    """Scans and labels matched by sorted file name: every entry of the folders that a reader of
+    the format table (:data:`~ctpore.data.io.registry.READERS`) reads, files or folders of slices
+    (NIfTI, TIFF, HDF5, MetaImage, NRRD, OME-Zarr, ...); a MetaImage's raw data file is not an entry."""
+    from ctpore.data.io.registry import file_kind, supported_help
 
     def listing(d):
         d = Path(d)
         if not d.is_dir():
             raise InputError("not a folder", path=d)
-        files = sorted(p for p in d.iterdir() if p.name.lower().endswith(exts))
+        files = sorted(p for p in d.iterdir() if not p.name.startswith(".") and file_kind(p))
         if not files:
-            raise InputError("no NIfTI or TIFF files in this folder", path=d)
+            raise InputError(f"no scan in this folder that ctpore reads ({supported_help()})", path=d)
         return files
 
     images, labels = listing(images_dir), listing(labels_dir)
