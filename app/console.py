@@ -190,7 +190,10 @@ def sample_margin_option(f):
 
 def output_format_option(f):
     """``--output-format`` (reconstruct, batch): NIfTI files or OME-Zarr stores."""
-    return option("--output-format", type=click.Choice(["nifti", "ome-zarr"]), default="nifti", show_default=True,
+    from ctpore.pipelines.output_formats import DEFAULT_OUTPUT_FORMAT, OUTPUT_FORMATS
+
+    return option("--output-format", type=click.Choice(list(OUTPUT_FORMATS)), default=DEFAULT_OUTPUT_FORMAT,
+                  show_default=True,
                   help="How the volumes are written: nifti (<stem>_pores.nii.gz, ...) or ome-zarr "
                        "(<stem>_pores.ome.zarr, ...: multiscale stores that napari opens lazily, for scans above a "
                        "few GB).")(f)

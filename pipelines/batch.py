@@ -48,6 +48,7 @@ from typing import Any, Callable, Optional
 from ctpore.errors import InputError
 from ctpore.pipelines.batch_logs import quiet_dask, warning_records
 from ctpore.pipelines.batch_summary import BatchSummary
+from ctpore.pipelines.output_formats import DEFAULT_OUTPUT_FORMAT
 from ctpore.progress import ProgressFn
 
 __all__ = ["ScanTask", "read_manifest", "select_part", "run_batch", "run_task", "summarize", "require_cluster",
@@ -171,14 +172,15 @@ def _options_key(options: dict, weights_sha: Optional[str]) -> dict:
             "precision": options.get("precision"), "device_type": str(options.get("device", "cpu")).split(":")[0],
             "sample": options.get("sample", "auto"),
             **({"sample_margin": m} if (m := options.get("sample_margin", 0)) else {}),
-            **({"output_format": fmt} if (fmt := options.get("output_format", "nifti")) != "nifti" else {})}
+            **({"output_format": fmt} if (fmt := options.get("output_format", DEFAULT_OUTPUT_FORMAT))
+               != DEFAULT_OUTPUT_FORMAT else {})}
 
 
 def _is_done(task: ScanTask, outdir: Path, key: dict) -> Optional[dict]:
     """The metrics of a scan already reconstructed with the same weights and options, or None."""
     from ctpore.pipelines.outputs import output_paths
 
-    paths = output_paths(task.scan, outdir, key.get("output_format", "nifti"))
+    paths = output_paths(task.scan, outdir, key.get("output_format", DEFAULT_OUTPUT_FORMAT))
     if not all(paths[k].exists() for k in ("pores", "prob", "metrics")):
         return None
     try:
@@ -210,7 +212,7 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
         warnings.simplefilter("always")
         try:
             opts = {**options, **({"sample": Path(task.mask)} if task.mask else {})}
-            paths = output_paths(task.scan, outdir, options.get("output_format", "nifti"))
+            paths = output_paths(task.scan, outdir, options.get("output_format", DEFAULT_OUTPUT_FORMAT))
             with claim_outputs(paths):  # reconstruct_file's claim is this one
                 done = _is_done(task, Path(outdir), key)  # by another driver since this one looked
                 if done is not None:
@@ -413,7 +415,8 @@ def run_batch(
             else:
                 result["skipped"] += 1
                 # of a run killed as it ended
-                clear_stale_lock(output_paths(t.scan, outdir, options.get("output_format", "nifti")))
+                fmt = options.get("output_format", DEFAULT_OUTPUT_FORMAT)
+                clear_stale_lock(output_paths(t.scan, outdir, fmt))
                 ended({"scan": t.scan, "status": "skipped", "reason": "outputs complete from an earlier run",
                        "metrics": metrics, "ended": _now()})
         if not todo:

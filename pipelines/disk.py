@@ -173,10 +173,13 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
         voxels *= int(s)
     outdir = Path(paths["metrics"]).parent
     tmp = Path(tmp_dir) if tmp_dir is not None else outdir
-    volumes = {k: OUTPUT_BYTES_PER_VOXEL.get(k, 1) for k, p in paths.items()
-               if str(p).lower().endswith((".nii.gz", ".nii")) and (k != "sample" or outside)}
-    stores = {k: OUTPUT_BYTES_PER_VOXEL.get(k, 1) for k, p in paths.items()
-              if str(p).lower().endswith(".ome.zarr") and (k != "sample" or outside)}
+    from ctpore.pipelines.output_formats import OUTPUT_FORMATS
+
+    def written(fmt: str) -> dict:  # the volume outputs of one format, and their bytes a voxel
+        return {k: OUTPUT_BYTES_PER_VOXEL.get(k, 1) for k, p in paths.items()
+                if str(p).lower().endswith(OUTPUT_FORMATS[fmt].suffix) and (k != "sample" or outside)}
+
+    volumes, stores = written("nifti"), written("ome-zarr")
     needs = [Need("raw probabilities", 4 * voxels, tmp, "both")]
     if outside:
         needs.append(Need("outside mask", voxels, tmp, "both"))

@@ -31,6 +31,7 @@ from ctpore.data.io import output_stem
 from ctpore.data.io.omezarr_write import OME_ZARR_SUFFIX, remove_tree
 from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.disk import DiskGuard
+from ctpore.pipelines.output_formats import DEFAULT_OUTPUT_FORMAT, OUTPUT_FORMATS
 
 __all__ = ["OUTPUT_FORMATS", "output_paths", "other_format_outputs", "check_outputs", "make_outdir", "output_set",
            "remove_stale_temps", "remove_orphan_temps", "run_fields", "finish_metrics", "claim_outputs",
@@ -49,20 +50,17 @@ LOCK_STALE_S = 900.0
 LOCK_STARTING_S = 60.0
 
 
-#: Output format -> the suffix of its volume outputs (NIfTI is the default; OME-Zarr for scans
-#: that NIfTI tools handle badly, above a few GB: multiscale, opened lazily by napari).
-OUTPUT_FORMATS = {"nifti": ".nii.gz", "ome-zarr": ".ome.zarr"}
 
 
 def output_paths(scan_path: Union[str, os.PathLike], outdir: Union[str, os.PathLike],
-                 output_format: str = "nifti") -> dict:
+                 output_format: str = DEFAULT_OUTPUT_FORMAT) -> dict:
     """The output files of a scan: ``{"pores", "prob", "sample", "sample_png", "metrics"}`` -> Path (the
     sample mask and its picture only when the scan has an outside; the metrics file last, always)."""
     if output_format not in OUTPUT_FORMATS:
         raise InputError(f"output format must be one of {', '.join(OUTPUT_FORMATS)}, got {output_format!r}")
     stem = output_stem(scan_path)
     outdir = Path(outdir)
-    ext = OUTPUT_FORMATS[output_format]
+    ext = OUTPUT_FORMATS[output_format].suffix
     return {
         "pores": outdir / f"{stem}_pores{ext}",
         "prob": outdir / f"{stem}_prob{ext}",
@@ -77,14 +75,15 @@ def other_format_outputs(paths: dict) -> list[Path]:
     out = []
     for key in ("pores", "prob", "sample"):
         p = Path(paths[key])
-        for ext in OUTPUT_FORMATS.values():
+        suffixes = [f.suffix for f in OUTPUT_FORMATS.values()]
+        for ext in suffixes:
             if p.name.endswith(ext):
                 base = p.name[: -len(ext)]
-                out += [p.with_name(base + other) for other in OUTPUT_FORMATS.values() if other != ext]
+                out += [p.with_name(base + other) for other in suffixes if other != ext]
     return out
 
 
-def check_outputs(scan_path, outdir, overwrite: bool, output_format: str = "nifti") -> dict:
+def check_outputs(scan_path, outdir, overwrite: bool, output_format: str = DEFAULT_OUTPUT_FORMAT) -> dict:
     """Check, before any work, that the outputs of ``scan_path`` can be written to ``outdir``.
 
     Nothing is created here: a missing ``outdir`` is made only when there is something to write

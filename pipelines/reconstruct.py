@@ -45,6 +45,7 @@ from ctpore.pipelines.budget import plan_budget
 from ctpore.pipelines.methods import get_method, resolve_method
 from ctpore.pipelines.outputs import (check_outputs, claim_run, finish_metrics, other_format_outputs, output_paths,
                                      output_set, run_fields)
+from ctpore.pipelines.output_formats import DEFAULT_OUTPUT_FORMAT, OUTPUT_FORMATS
 from ctpore.pipelines.sample_mask import prepare_sample
 from ctpore.pipelines.sample_picture import write_sample_picture
 from ctpore.pipelines.sinks import ArraySink, FileSink, TruthSlabs
@@ -432,7 +433,7 @@ def reconstruct_file(
     gpu_memory_gb: Optional[float] = None,
     sample: Any = "auto",
     tmp_dir: Optional[PathLike] = None,
-    output_format: str = "nifti",
+    output_format: str = DEFAULT_OUTPUT_FORMAT,
     sample_margin: int = 0,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
@@ -456,8 +457,9 @@ def reconstruct_file(
     """
     t0 = time.perf_counter()
     paths = check_outputs(scan_path, outdir, overwrite, output_format)
-    if output_format == "ome-zarr":  # its library, before any work rather than when the first slab is written
-        optional_import("zarr", Path(paths["pores"]), "OME-Zarr", "writing")
+    fmt = OUTPUT_FORMATS[output_format]
+    if fmt.library:  # its library, before any work rather than when the first slab is written
+        optional_import(fmt.library, Path(paths["pores"]), fmt.label, "writing")
     # a bad scan (or a lying header) is said at once, from its header, before the model's libraries load
     with claim_run(paths, overwrite, tmp_dir) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
         if predictor is None:
