@@ -10,15 +10,18 @@ level is the sample's surface. A cylinder (centre, radius; a tilt as the centre'
 fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
 
 1. A first centre and radius from the material's centroid and area, then three rounds of sector
-   profiles and fits.
-2. A container wall: the outermost layer is a wall when it is uniform (the grey values of its
-   depths vary no more than the noise, much less than the material's) and thin; its inner surface
-   is where that uniformity ends. The wall and what lies within it up to the sample (an air gap)
-   are outside; the sample's surface is then found inside the wall, sector by sector (the first
-   rise from the air of the gap, or the wall's inner surface where the sample touches it).
+   profiles and fits; the axis' drift from four groups of the slices, when it moves the axis by
+   half a voxel or more over the stack.
+2. A container wall (:func:`ctpore.data.wall.fit_wall`): the outermost layer is a wall when a
+   blurred annulus of its own grey level and texture, around a core that may sit off its axis,
+   explains the sector profiles far better than the core alone. The wall and what lies within it
+   up to the sample (an air gap) are outside; the sample's surface is then found inside the wall,
+   sector by sector, with the wall's blurred slab taken off the profiles (the first rise from the
+   air of the gap, or the wall's inner surface where the sample touches it).
 3. The fit's spread (the robust standard deviation of the surface points about the cylinder, in
    voxels) says how well a cylinder describes the sample; a block or a prism fits badly, and its
-   outline is taken instead (:class:`Outline`: the convex hull of the solid frame, slab by slab).
+   outline is taken instead (:class:`Outline`: slab by slab, the convex hull of the material, or
+   the rectangle of a block).
 
 Sectors whose profile never reaches air (the sample cut by the edge of the slice or by a circular
 field of view) give no surface point: a core wider than the field of view keeps its cut faces.
@@ -101,8 +104,8 @@ class Outline:
         # closed (the grains of a packing, one piece), the slice's edge not eroding what reaches it
         m = ndi.binary_erosion(ndi.binary_dilation(m, disc, iterations=2), disc, iterations=2, border_value=1)
         lab, n = ndi.label(m)
-        if not n:
-            return np.ones((ny, nx), bool), mean
+        if not n:  # no material in this slab: no sample
+            return np.zeros((ny, nx), bool), mean
         sizes = np.bincount(lab.ravel())[1:]
         keep = np.zeros(n + 1, bool)
         keep[1:] = sizes >= 0.25 * sizes.max()

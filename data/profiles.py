@@ -109,7 +109,8 @@ class SectorProfiles:
         r_mid = (np.arange(nb) + 0.5) * self.step
         area = 2 * np.pi * r_mid * self.step / n_sectors / (spacing[1] * spacing[2]) / stride ** 2
         self.full = area * len(zs)
-        self.covered = self.n >= np.maximum(0.15 * self.full[None, :], 4)
+        # a bin counts when it holds a share of a full ring's pixels, and some pixels (few with one slice)
+        self.covered = self.n >= np.maximum(0.15 * self.full[None, :], np.minimum(4, 0.5 * self.full[None, :]))
         self.covered[:, :2] = self.n[:, :2] > 0
 
     def radius(self, b: float) -> float:

@@ -31,17 +31,28 @@ RIM = 3
 _CROSS = ndi.generate_binary_structure(2, 1)
 
 
+def _surface(outside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(outside, across the surface) from a bool outside (all of it across the surface) or from the
+    codes of :meth:`ctpore.data.sample.SampleFit.outside` (1: across the sample's surface; 2: across
+    no surface, such as a field of view's cut or a margin taken off)."""
+    outside = np.asarray(outside)
+    if outside.dtype == bool:
+        return outside, outside
+    return outside > 0, outside == 1
+
+
 def clear_rim(prob: np.ndarray, outside: np.ndarray, threshold: float = 0.5) -> np.ndarray:
     """``prob`` ``(n, Y, X)`` with the outside at 0 and the surface's pore voxels that no deeper pore
-    voxel supports set to 0 (in place; also returned). ``outside``: bool, True outside the sample.
-    The slice's edge is not a surface (a cut face)."""
-    outside = np.asarray(outside, bool)
+    voxel supports set to 0 (in place; also returned). ``outside``: bool (True outside the sample,
+    all of it across a surface) or the outside's codes (only code 1 is across a surface). The
+    slice's edge is not a surface (a cut face), nor is a field of view's cut or a user's mask."""
+    outside, across = _surface(outside)
     prob[outside] = 0.0
     for i in range(prob.shape[0]):
-        if not outside[i].any():
+        if not across[i].any():
             continue
         inside = ~outside[i]
-        deep = ndi.binary_erosion(inside, _CROSS, iterations=RIM, border_value=1)
+        deep = ndi.binary_erosion(~across[i], _CROSS, iterations=RIM, border_value=1)
         rim = inside & ~deep
         pore = prob[i] > threshold
         held = pore & deep
@@ -63,12 +74,15 @@ class RimCheck:
     def __init__(self):
         self.counts = np.zeros(4, np.int64)  # shell pores, shell voxels, inside pores, inside voxels
 
-    def add(self, pores: np.ndarray, inside: np.ndarray) -> None:
-        """One slice: its pores and its sample (bool ``(Y, X)``)."""
-        a = ndi.binary_erosion(inside, _CROSS, iterations=SHELL[0], border_value=1)
+    def add(self, pores: np.ndarray, outside: np.ndarray) -> None:
+        """One slice: its pores and its outside (bool, or the outside's codes, ``(Y, X)``; depths
+        are from the sample's surface only)."""
+        outside, across = _surface(outside)
+        inside = ~outside
+        a = ndi.binary_erosion(~across, _CROSS, iterations=SHELL[0], border_value=1)
         b = ndi.binary_erosion(a, _CROSS, iterations=SHELL[1] - SHELL[0], border_value=1)
-        c = ndi.binary_erosion(b, _CROSS, iterations=INSIDE - SHELL[1], border_value=1)
-        shell = a & ~b
+        c = ndi.binary_erosion(b, _CROSS, iterations=INSIDE - SHELL[1], border_value=1) & inside
+        shell = a & ~b & inside
         pores = np.asarray(pores, bool)
         self.counts += [np.count_nonzero(pores & shell), np.count_nonzero(shell),
                         np.count_nonzero(pores & c), np.count_nonzero(c)]

@@ -34,7 +34,7 @@ Examples
 >>> fit = find_sample(scan)
 >>> fit.kind, fit.constant
 ('constant', 0.0)
->>> inside = ~fit.outside(scan, 0)[0]
+>>> inside = fit.outside(scan, 0)[0] == 0
 >>> int(inside.sum()) == int(((yy - 19.5) ** 2 + (xx - 19.5) ** 2 <= 17 ** 2).sum())
 True
 >>> find_sample(rng.normal(1000, 50, (6, 40, 40))).kind        # material up to the border
@@ -54,10 +54,18 @@ from scipy import ndimage as ndi
 from ctpore.data.envelope import Envelope, fit_envelope, sample_slices
 from ctpore.data.profiles import PROFILE_PIXELS
 
-__all__ = ["SampleFit", "find_sample", "KINDS"]
+__all__ = ["AIR_SLICE", "BEYOND", "KINDS", "SURFACE", "SampleFit", "find_sample"]
 
 #: What :attr:`SampleFit.kind` may be.
 KINDS = ("none", "constant", "cylinder", "outline", "dark")
+
+#: The codes of :meth:`SampleFit.outside`: outside across the sample's surface, and outside across
+#: no surface (a field of view's cut, a margin taken off). 0 is the sample.
+SURFACE, BEYOND = 1, 2
+
+#: A slice whose voxels inside the shape average less than this share of the way from the air's
+#: grey level to the material's is air (above or below the sample), not sample.
+AIR_SLICE = 0.125
 
 #: Share of the border pixels that must hold the outside's grey value (exactly, or within its noise).
 _BORDER_SHARE = 0.6
@@ -223,13 +231,16 @@ class SampleFit:
         return None
 
     def outside(self, raw: np.ndarray, z0: int, margin: int = 0) -> tuple[np.ndarray, dict]:
-        """Bool ``(n, Y, X)``, True outside the sample, for the slices ``z0 : z0 + n`` of raw grey
-        values; and counts of those voxels: ``region``, what a shape (or the dark rule) left out
-        apart from the field of view's constant outside and a container's wall (the voxels that
-        would be pore if the shape were wrong), and ``wall``, the container's wall.
+        """uint8 ``(n, Y, X)`` for the slices ``z0 : z0 + n`` of raw grey values: 0 in the sample,
+        :data:`SURFACE` outside it across the sample's air surface (what a shape, or the dark rule,
+        left out; a slice of air above or below the sample), :data:`BEYOND` outside it across no
+        such surface (a field of view's constant outside, where a shape was found; a container's
+        wall and a gap too thin to show air; the band a margin took off); and counts of those voxels:
+        ``region``, what the shape left out apart from the constant outside and a wall (the voxels
+        that would be pore if the shape were wrong), and ``wall``.
 
         ``margin``: the sample is eroded by that many voxels within each slice (a damaged rim), from
-        its surface (whatever found it): a cut face at the slice's edge stays where it is.
+        its surface: a cut face (the slice's edge, a field of view's) stays where it is.
         """
         raw = np.asarray(raw, np.float32)
         n = raw.shape[0]
@@ -239,9 +250,13 @@ class SampleFit:
                 const[i] = _connected_to_border(raw[i] == self.constant)
         valid = None if self.constant is None else list(~const)
         inside = self._inside_shape(raw, z0, valid)
-        if inside is None and self.dark is not None:
+        shaped = inside is not None
+        if shaped:
+            inside &= self._material_slices(raw, inside & ~const)[:, None, None]
+        elif self.dark is not None:
             inside = ~self._dark_outside(raw)
-        if inside is None:
+            shaped = True
+        else:
             inside = np.ones(raw.shape, bool)
         region = ~inside & ~const
         wall = self._wall(raw.shape, z0)
@@ -251,12 +266,48 @@ class SampleFit:
             region &= ~wall
             n_wall = int(np.count_nonzero(wall))
         sample = inside & ~const
+        codes = np.where(sample, 0, SURFACE).astype(np.uint8)
+        if shaped:
+            codes[const] = BEYOND  # the constant is a field of view's cut, the shape the surface
+        if wall is not None:  # a wall touching the sample: no air across it, no partial-volume pore
+            codes[wall] = BEYOND
+            for i in range(n):  # and where the gap is thinner than a voxel (no air to be seen), no surface
+                codes[i][(codes[i] == SURFACE) & self._thin_gap(float(z0 + i), raw.shape[1:])] = BEYOND
         if margin > 0:
             disk = ndi.iterate_structure(ndi.generate_binary_structure(2, 1), int(margin))
-            for i in range(n):
-                sample[i] = ndi.binary_erosion(sample[i], disk, border_value=1)
-        out = ~sample
-        return out, {"region": int(np.count_nonzero(region)), "wall": n_wall}
+            for i in range(n):  # eroded from the surface only: a cut face counts as sample here
+                kept = ndi.binary_erosion(sample[i] | (codes[i] == BEYOND), disk, border_value=1) & sample[i]
+                codes[i][sample[i] & ~kept] = BEYOND
+        return codes, {"region": int(np.count_nonzero(region)), "wall": n_wall}
+
+    def _thin_gap(self, z: float, shape_yx: tuple) -> np.ndarray:
+        """Bool ``(Y, X)``: the pixels whose direction from the sample's axis meets the wall's inner
+        surface less than a voxel beyond the sample's (where the sample touches its container)."""
+        c, wall = self.envelope.cylinder, self.envelope.wall
+        cy, cx = c.centre_at(z)
+        wy, wx = wall["outer"].centre_at(z)
+        y = np.arange(shape_yx[0])[:, None] * self.spacing_mm[1] - cy
+        x = np.arange(shape_yx[1])[None, :] * self.spacing_mm[2] - cx
+        r = np.maximum(np.hypot(y, x), 1e-12)
+        uy, ux = y / r, x / r
+        oy, ox = cy - wy, cx - wx  # the ray c + t u meets the circle |p - w| = r_in at t_in
+        b = oy * uy + ox * ux
+        t_in = -b + np.sqrt(np.maximum(b * b - (oy * oy + ox * ox - wall["r_in"] ** 2), 0.0))
+        return t_in - c.radius_mm < min(self.spacing_mm[1:])
+
+    def _material_slices(self, raw: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        """Bool ``(n,)``: the slices whose voxels inside the shape are, on average, material (above
+        an eighth of the way from the air's level to the material's): a slice of air above or
+        below a core, or of zeros padding the stack, holds no sample."""
+        lv = self.envelope.levels
+        if "air" not in lv or "material" not in lv:
+            return np.ones(raw.shape[0], bool)
+        level = lv["air"] + AIR_SLICE * (lv["material"] - lv["air"])
+        out = np.ones(raw.shape[0], bool)
+        for i in range(raw.shape[0]):
+            if inside[i].any():
+                out[i] = float(raw[i][inside[i]].mean()) > level
+        return out
 
     def _wall(self, shape, z0: int) -> Optional[np.ndarray]:
         wall = self.envelope.wall
@@ -278,9 +329,16 @@ class SampleFit:
             out[i] |= ndi.binary_dilation(out[i], cross) & (raw[i] < rule.rim)  # the partial-volume rim
         return out
 
-    def describe(self) -> str:
+    def _length(self, units_known: bool) -> tuple[float, str]:
+        """(factor, unit) for the fit's lengths: mm, or voxels (of the in-plane pixel) when the scan
+        gives no length unit (its spacing is then only its own numbers)."""
+        return (1.0, "mm") if units_known else (1.0 / min(self.spacing_mm[1:]), "vox")
+
+    def describe(self, units_known: bool = True) -> str:
         """How the sample was found, in words (for the metrics and the warnings)."""
         env, kind = self.envelope, self.kind
+        f, unit = self._length(units_known)
+        unit = "mm" if unit == "mm" else "voxels"
         fov = (f" within a field of view whose outside holds the constant grey value {self.constant:g}"
                if self.constant is not None else "")
         if kind == "none":
@@ -290,20 +348,22 @@ class SampleFit:
         if kind == "cylinder":
             c = env.cylinder
             cy, cx = c.centre_at(c.z_ref)
-            text = (f"a cylinder of radius {c.radius_mm:.4g} mm about ({cy:.4g}, {cx:.4g}) mm (y, x) fitted to the "
-                    f"material's surface (spread {env.spread_vox:.2f} voxels over {env.points} of {env.sectors} "
-                    "sectors)")
+            text = (f"a cylinder of radius {f * c.radius_mm:.4g} {unit} about ({f * cy:.4g}, {f * cx:.4g}) {unit} "
+                    f"(y, x) fitted to the material's surface (spread {env.spread_vox:.2f} voxels over {env.points} "
+                    f"of {env.sectors} sectors)")
             if env.wall is not None:
-                text += f", inside a container wall {env.wall['thickness_mm']:.3g} mm thick"
+                text += f", inside a container wall {f * env.wall['thickness_mm']:.3g} {unit} thick"
             return text + fov
         if kind == "outline":
             return "the outline (convex hull) of the material, slab by slab" + fov
         return ("grey values up to {:g} connected to the slices' border (no shape fits: uncertain)"
                 .format(self.dark.upper))
 
-    def info(self) -> dict:
-        """The geometry for the metrics: kind, confidence, fitted sizes in mm, fit spread in voxels."""
+    def info(self, units_known: bool = True) -> dict:
+        """The geometry for the metrics: kind, confidence, fitted sizes in mm (keys ``_mm``; in voxels,
+        keys ``_vox``, when the scan gives no length unit), fit spread in voxels."""
         env = self.envelope
+        f, u = self._length(units_known)
         d: dict = {"kind": self.kind, "confident": bool(self.confident)}
         if self.constant is not None:
             d["field_of_view_value"] = self.constant
@@ -314,14 +374,14 @@ class SampleFit:
             if self.kind == "cylinder":
                 cy, cx = c.centre_at(c.z_ref)
                 tilt = [c.drift_mm[0] / self.spacing_mm[0], c.drift_mm[1] / self.spacing_mm[0]]
-                d["cylinder"] = {"centre_mm_yx": [_r(cy), _r(cx)], "at_slice": _r(c.z_ref),
-                                 "radius_mm": _r(c.radius_mm), "axis_tilt_yx": [_r(t) for t in tilt]}
+                d["cylinder"] = {f"centre_{u}_yx": [_r(f * cy), _r(f * cx)], "at_slice": _r(c.z_ref),
+                                 f"radius_{u}": _r(f * c.radius_mm), "axis_tilt_yx": [_r(t) for t in tilt]}
                 d["fit"]["stray_material"] = _r(self.checks.get("stray", 0.0))
         if env.wall is not None:
             w = env.wall
             oy, ox = w["outer"].centre_at(w["outer"].z_ref)
-            d["wall"] = {"outer_radius_mm": _r(w["r_out"]), "thickness_mm": _r(w["thickness_mm"]),
-                         "centre_mm_yx": [_r(oy), _r(ox)], "grey_level": _r(w["level"])}
+            d["wall"] = {f"outer_radius_{u}": _r(f * w["r_out"]), f"thickness_{u}": _r(f * w["thickness_mm"]),
+                         f"centre_{u}_yx": [_r(f * oy), _r(f * ox)], "grey_level": _r(w["level"])}
         d["levels"] = {k: _r(v) for k, v in env.levels.items()}
         return d
 
@@ -340,8 +400,9 @@ _FITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _stray(slices, valid, env: Envelope, spacing) -> float:
     """The share of material (brighter than halfway between the air and the material) in a band 2 to
-    8 voxels outside a fitted cylinder (and its wall): near 0 when the cylinder is the sample's surface,
-    large when it cuts through the sample."""
+    8 pixels of the fit's grid (``spacing``: every ``step``-th voxel of a large slice) outside a fitted
+    cylinder (and its wall): near 0 when the cylinder is the sample's surface, large when it cuts
+    through the sample."""
     from ctpore.data.envelope import smooth_masked
 
     c = env.wall["outer"] if env.wall is not None else env.cylinder

@@ -38,8 +38,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     gain is at least 25, or at least 5 and the wall is uniform (its variance above the air's at most
     0.7 of the sample's), apart from the sample (an air gap of 1.5 voxels) or of a level of its own
     (two scatters from the sample's), or at least 3 and the wall is clearly uniform (0.3); and when it
-    is between 1.5 voxels and a quarter of the radius thick, holds the sample (to 1.5 voxels) and is
-    seen all around (in 60% of the sectors).
+    is between 1.5 voxels and a quarter of the radius thick (and not at either limit of the fit),
+    holds the sample (to 1.5 voxels) and is seen all around (in 60% of the sectors).
     """
     from scipy.optimize import least_squares
     from scipy.special import ndtr
@@ -118,14 +118,10 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     own = w_v <= 0.7 * s_v or gap >= 1.5 * px or abs(w_m - s_m) >= 2.0
     mid = min(int(0.5 * (r_in + r_out) / prof.step), prof.nb - 1)
     seen = float(np.mean(prof.covered[:, mid]))  # a wall is seen all around, not in a slice's corners
-    import os
-    if os.environ.get("CTPORE_WALL_DEBUG"):
-        print(f"  wall? dk={(rss1 - rss2) / prof.n_sectors:.1f} t={thickness / px:.2f} r_out={r_out / px:.1f} "
-              f"r_s={r_s / px:.1f} off=({dy / px:.1f},{dx / px:.1f}) gap={gap / px:.2f} wm={w_m:.2f} sm={s_m:.2f} "
-              f"wv={w_v:.2f} sv={s_v:.2f} seen={seen:.2f} sig={sig / px:.2f} sigs={sig_s / px:.2f}")
     gain = (rss1 - rss2) / prof.n_sectors  # how much better a wall explains the profiles, per sector
     evidence = gain >= 25.0 or (gain >= 5.0 and own) or (gain >= 3.0 and w_v <= 0.3 * s_v)
-    if not (evidence and 1.5 * px <= thickness <= 0.25 * r1 and gap >= -1.5 * px and w_m > 0 and seen >= 0.6):
+    at_bound = thickness <= lo[0] * 1.02 or thickness >= hi[0] * 0.98  # the fit ran into its limits: no wall
+    if not (evidence and not at_bound and gap >= -1.5 * px and w_m > 0 and seen >= 0.6):
         return None
     return {"outer": cyl, "r_in": r_in, "r_out": r_out, "thickness_mm": thickness,
             "level": w_m * scat[0] + air, "blur_mm": sig, "fit_gain": rss1 / max(rss2, 1e-12)}

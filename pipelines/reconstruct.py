@@ -217,7 +217,7 @@ def run_reconstruction(
             def read(a: int, b: int) -> np.ndarray:
                 prob = sink.read(raw, a, b)
                 if outside is not None:  # outside the sample: certainly not pore; nor the surface's rim
-                    clear_rim(prob, np.asarray(outside[a:b]))
+                    clear_rim(prob, np.asarray(smask.codes[a:b]))
                 return prob
 
             middle = shape[0] // 2  # the sample picture's slice
@@ -228,7 +228,7 @@ def run_reconstruction(
                     picture["inside"] = inside[middle - a].copy()
                 if inside is not None and smask.fit is not None:  # every 8th slice of a found sample
                     for z in range(a + (-a) % 8, b, 8):
-                        rim.add(pores[z - a], inside[z - a])
+                        rim.add(pores[z - a], np.asarray(smask.codes[z:z + 1])[0])
                 sink.write(a, b, pores, prob, inside)
                 acc.add(pores, prob, truth_reader.slab(a, b) if truth_reader is not None else None, inside)
 

@@ -19,7 +19,7 @@ import numpy as np
 from scipy import ndimage as ndi
 
 from ctpore.data.io import Geometry, Scan, label_slice_axis
-from ctpore.data.sample import find_sample
+from ctpore.data.sample import BEYOND, SURFACE, find_sample
 from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.spill import RawCopy
 from ctpore.progress import ProgressFn
@@ -31,6 +31,17 @@ SAMPLE_MODES = ("auto", "all")
 
 #: Slices read at a time when the outside is marked.
 _SLAB = 16
+
+
+class _Outside:
+    """The outside as bool ``(Z, Y, X)`` (True outside), sliced along Z, over the outside's codes
+    (:meth:`~ctpore.data.sample.SampleFit.outside`: 1 across the sample's surface, 2 across none)."""
+
+    def __init__(self, codes):
+        self.codes, self.shape = codes, tuple(codes.shape)
+
+    def __getitem__(self, key) -> np.ndarray:
+        return np.asarray(self.codes[key]) > 0
 
 
 class SampleMask:
@@ -50,8 +61,10 @@ class SampleMask:
         What was found (``auto``).
     """
 
-    def __init__(self, outside, info: dict, handle=None, fit=None):
-        self.outside, self.info, self._handle, self.fit = outside, info, handle, fit
+    def __init__(self, codes, info: dict, handle=None, fit=None):
+        self.codes = codes  # uint8 (Z, Y, X): 0 sample, 1 outside across its surface, 2 outside across none
+        self.outside = _Outside(codes) if codes is not None else None
+        self.info, self._handle, self.fit = info, handle, fit
         self._nearest = None  # the last slice's outside and its nearest sample pixels
 
     def inside(self, a: int, b: int) -> Optional[np.ndarray]:
@@ -92,17 +105,18 @@ class SampleMask:
 
     def close(self) -> None:
         if self._handle is not None:
-            self.outside = None
+            self.outside = self.codes = None
             self._handle.close()
             self._handle = None
 
 
 def _store(shape, folder: Optional[Path], in_memory: bool):
-    """A writable bool ``(Z, Y, X)`` volume: an array, or a memory map of a nameless file."""
+    """A writable uint8 ``(Z, Y, X)`` volume of the outside's codes: an array, or a memory map of a
+    nameless file."""
     if in_memory:
-        return np.zeros(shape, bool), None
+        return np.zeros(shape, np.uint8), None
     fh = tempfile.TemporaryFile(prefix=".ctpore-sample-", dir=folder)
-    return np.memmap(fh, dtype=bool, mode="w+", shape=tuple(shape)), fh
+    return np.memmap(fh, dtype=np.uint8, mode="w+", shape=tuple(shape)), fh
 
 
 def _user_mask(mask: Any, geometry: Geometry, store, progress: ProgressFn) -> int:
@@ -135,7 +149,7 @@ def _check_put(values, store, z0: int, z1: int, path) -> int:
     if odd.any():
         shown = ", ".join(f"{x:g}" for x in np.unique(v[odd])[:5])
         raise InputError(f"a sample mask must hold only 1 (sample) and 0 (outside), found also {shown}", path)
-    store[z0:z1] = v == 0
+    store[z0:z1] = np.where(v == 0, BEYOND, 0)  # a user's mask: its boundary is no partial-volume surface
     return int(np.count_nonzero(v == 0))
 
 
@@ -146,16 +160,50 @@ def check_margin(margin) -> int:
     return int(margin)
 
 
+def _mark_air(volume, geometry: Geometry, store) -> None:
+    """In a user's mask, a slice whose outside is air (its band two and three voxels out from the
+    sample darker, on the median, than a quarter of the way from the air's level to the material's)
+    gets code 1 there: across it lies the sample's surface, whose partial-volume rim is not pore.
+    Where the mask cuts through material (a region of interest inside the rock) the outside stays
+    code 2 and the pores it cuts stay whole."""
+    lv = find_sample(volume, geometry.spacing_mm).envelope.levels
+    if "air" not in lv or "material" not in lv:
+        return
+    rise = lv["air"] + 0.25 * (lv["material"] - lv["air"])
+    cross = ndi.generate_binary_structure(2, 1)
+    for z0 in range(0, store.shape[0], _SLAB):
+        z1 = min(store.shape[0], z0 + _SLAB)
+        codes = np.asarray(store[z0:z1]).copy()
+        if not codes.any():
+            continue
+        raw = np.asarray(volume[z0:z1], np.float32)
+        for i in range(z1 - z0):
+            sample = codes[i] == 0
+            if not sample.any() or sample.all():
+                continue
+            band = ndi.binary_dilation(sample, cross, iterations=3) & ~ndi.binary_dilation(sample, cross)
+            if band.any() and float(np.median(raw[i][band])) < rise:
+                codes[i][codes[i] == BEYOND] = SURFACE
+        store[z0:z1] = codes
+
+
 def _erode(store, shape, margin: int) -> int:
-    """Erode the sample (``~store``) by ``margin`` voxels within each slice, in place; the outside's
-    new count. The slice's edge is not a surface: a cut face stays."""
+    """Erode the sample (codes 0 of ``store``) by ``margin`` voxels within each slice, in place; the
+    outside's new count. The slice's edge is not a surface: a cut face stays."""
     disk = ndi.iterate_structure(ndi.generate_binary_structure(2, 1), margin)
     n = 0
     for z in range(shape[0]):
-        inside = ndi.binary_erosion(~np.asarray(store[z]), disk, border_value=1)
-        store[z] = ~inside
-        n += int(np.count_nonzero(~inside))
+        codes = np.asarray(store[z])
+        kept = ndi.binary_erosion(codes == 0, disk, border_value=1)
+        store[z] = np.where(kept, 0, np.maximum(codes, BEYOND))
+        n += int(np.count_nonzero(~kept))
     return n
+
+
+def _no_surface(margin: int, source: str, why: str) -> None:
+    if margin:
+        warnings.warn(f"{source}: --sample-margin {margin} is not applied ({why}); every figure is of the whole "
+                      "volume", CtporeWarning, stacklevel=3)
 
 
 def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, np.ndarray, None] = "auto",
@@ -168,33 +216,39 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
     a warning says how much of the scan was left out."""
     shape = tuple(int(s) for s in geometry.shape)
     margin = check_margin(margin)
+    units_known = getattr(geometry, "units", "mm") != "unknown"  # else the fit's lengths are in voxels
     in_memory = not isinstance(volume, Scan)
     if sample is None or (isinstance(sample, str) and sample == "all"):
-        return SampleMask(None, {"mode": "all", "found": "every voxel (--sample all)", "outside_voxels": 0})
+        _no_surface(margin, source, "--sample all takes every voxel")
+        return SampleMask(None, {"mode": "all", "found": "every voxel (--sample all)", "outside_voxels": 0,
+                                 "margin_vox": 0})
     fit = None
     if isinstance(sample, str) and sample == "auto":
         fit = find_sample(volume, geometry.spacing_mm)
         if not fit.has_outside:  # no surface to erode a margin from either
-            return SampleMask(None, {"mode": "auto", "found": fit.describe(), "outside_voxels": 0, **fit.info()},
-                              fit=fit)
+            _no_surface(margin, source, "the material reaches the border: the sample has no surface")
+            return SampleMask(None, {"mode": "auto", "found": fit.describe(units_known), "outside_voxels": 0,
+                                     "margin_vox": 0,
+                                     **fit.info(units_known)}, fit=fit)
         store, handle = _store(shape, folder, in_memory)
         n = region = wall = 0
         for z0 in range(0, shape[0], _SLAB):
             z1 = min(shape[0], z0 + _SLAB)
-            out, counts = fit.outside(np.asarray(volume[z0:z1], np.float32), z0, margin)
-            store[z0:z1] = out
-            n += int(np.count_nonzero(out))
+            codes, counts = fit.outside(np.asarray(volume[z0:z1], np.float32), z0, margin)
+            store[z0:z1] = codes
+            n += int(np.count_nonzero(codes))
             region += counts["region"]
             wall += counts["wall"]
             if progress is not None:
                 progress(z1, shape[0], "finding the sample")
-        info = {"mode": "auto", "found": fit.describe(), "outside_voxels": n, "region_voxels": region,
-                "margin_vox": margin, **fit.info()}
+        info = {"mode": "auto", "found": fit.describe(units_known), "outside_voxels": n, "region_voxels": region,
+                "margin_vox": margin, **fit.info(units_known)}
         if fit.envelope.wall is not None:
             info["wall"]["voxels"] = wall
     else:
         store, handle = _store(shape, folder, in_memory)
         n = _user_mask(sample, geometry, store, progress)
+        _mark_air(volume, geometry, store)
         if margin:
             n = _erode(store, shape, margin)
         name = Path(sample).name if isinstance(sample, (str, os.PathLike)) else "given"

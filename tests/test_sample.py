@@ -225,8 +225,9 @@ def test_the_partial_volume_rim_is_not_pore_but_a_pore_open_at_the_surface_is():
 
 def test_the_simulator_renders_a_scene_and_its_true_sample_without_moving_a_plain_scan():
     """A scene's scan has the same structure and scanner as the plain pair (the scene draws from its
-    own stream); its true sample is the voxels whose centre lies in the geometry; a circular field
-    of view holds its constant; brine-filled pores are brighter than the air outside."""
+    own stream; that no plain seed's scan moved is tests/test_synthetic_pins.py's); its true sample
+    is the voxels whose centre lies in the geometry; a circular field of view holds its constant;
+    brine-filled pores are brighter than the air outside."""
     from ctpore.data.synthetic.scenes import Scene, true_sample
 
     shape = (8, 64, 64)
@@ -246,3 +247,106 @@ def test_the_simulator_renders_a_scene_and_its_true_sample_without_moving_a_plai
     air = scan[(r2 > 0.22 ** 2) & (r2 < 0.28 ** 2)].mean()
     brine = scan[(truth == 1) & (r2 < 0.15 ** 2)].mean()
     assert brine > air
+
+
+def _dry_core(shape, radius, centre=None, seed=4):
+    """A dry simulated core (its pores as dark as the air around it) in a box of ``shape``; the true
+    sample (voxel centres inside the cylinder)."""
+    from ctpore.data.synthetic.scenes import Scene
+
+    nz, ny, nx = shape
+    cy, cx = centre if centre is not None else (0.0, 0.0)
+    scene = Scene(kind="cylinder", spacing_mm=(0.01, 0.01, 0.01), radius_mm=radius * 0.01,
+                  centre_mm=(cy * 0.01, cx * 0.01))
+    scan, truth, info = make_pair(seed, shape=shape, family="vesicles", porosity=0.15, scene=scene)
+    return scan.astype(np.float32), truth, info["sample"]
+
+
+def test_slices_of_air_above_a_core_are_outside():
+    """A core shorter than the scan: the slices of air above it are no sample (their air is no pore)."""
+    from ctpore.pipelines.reconstruct import reconstruct
+
+    scan, truth, true = _dry_core((24, 96, 96), 38)
+    air = scan[:, :4, :4].mean()
+    scan[:10] = air + np.random.default_rng(0).normal(0, scan[:, :4, :4].std(), scan[:10].shape)
+    true[:10] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = reconstruct(scan, spacing_mm=(0.01, 0.01, 0.01), method="otsu")
+    sample = res.sample.astype(bool)
+    assert not sample[:9].any() and sample[12:].sum() >= 0.97 * true[12:].sum()
+    assert (sample & true).sum() / (sample | true).sum() >= 0.95
+
+
+def test_a_single_slice_is_fitted_as_well():
+    """One slice is enough for a cylinder (its sectors' bins hold few pixels, and still count)."""
+    from ctpore.data.sample import find_sample
+
+    scan, _truth, true = _dry_core((3, 96, 96), 38)
+    fit = find_sample(scan[1:2], (0.01, 0.01, 0.01))
+    assert fit.kind == "cylinder"
+    inside = fit.outside(scan[1:2], 0)[0] == 0
+    assert (inside & true[1:2]).sum() / (inside | true[1:2]).sum() >= 0.97
+
+
+def test_with_unknown_units_the_fitted_sizes_are_in_voxels(tmp_path, capsys):
+    """A scan that gives no length unit: the sample's fitted sizes are said in voxels (keys _vox), not
+    labelled mm."""
+    scan, _truth, _true = _dry_core((12, 96, 96), 38)
+    img = nib.Nifti1Image(np.ascontiguousarray(scan.T), np.diag([2.0, 2.0, 2.0, 1.0]))  # units 0: unknown
+    nib.save(img, tmp_path / "c.nii")
+    code, _, err = run_cli(["reconstruct", tmp_path / "c.nii", "-o", tmp_path / "o", "--method", "otsu"], capsys)
+    assert code == 0, err
+    m = json.loads((tmp_path / "o" / "c_metrics.json").read_text())
+    cyl = m["sample"]["cylinder"]
+    assert "radius_vox" in cyl and "radius_mm" not in cyl
+    assert abs(cyl["radius_vox"] - 38) <= 1.0 and "voxels" in m["sample"]["found"]
+
+
+def test_a_margin_keeps_a_cut_face():
+    """A core cut by the slice's edge (wider than the field): --sample-margin erodes its surface and
+    not the cut face."""
+    from ctpore.pipelines.reconstruct import reconstruct
+
+    scan, _truth, _true = _dry_core((12, 96, 96), 44, centre=(0.0, 20.0))  # cut by the right edge
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = reconstruct(scan, spacing_mm=(0.01, 0.01, 0.01), method="otsu")
+        eroded = reconstruct(scan, spacing_mm=(0.01, 0.01, 0.01), method="otsu", sample_margin=3)
+    a, b = plain.sample.astype(bool), eroded.sample.astype(bool)
+    assert a[:, :, -1].any() and np.array_equal(a[:, 40:56, -1], b[:, 40:56, -1])  # the cut face stays
+    assert b.sum() < a.sum() and not b[:, 47, :].argmax(axis=1).min() < a[:, 47, :].argmax(axis=1).min() + 3
+
+
+def test_a_pore_free_uniform_core_gets_no_wall():
+    """A uniform core without pores is no core in a tube: its outer layer is no wall."""
+    from ctpore.data.sample import find_sample
+
+    rng = np.random.default_rng(1)
+    _, yy, xx = np.indices((12, 96, 96))
+    r = np.hypot(yy - 47.5, xx - 47.5)
+    scan = np.where(r <= 32, 1000.0, 200.0) + rng.normal(0, 40, r.shape)
+    fit = find_sample(scan.astype(np.float32), (0.01, 0.01, 0.01))
+    assert fit.kind == "cylinder" and fit.envelope.wall is None
+    assert abs(fit.envelope.cylinder.radius_mm / 0.01 - 32) <= 0.7
+
+
+def test_a_mask_cutting_through_the_rock_is_no_surface_but_one_around_a_core_in_air_is():
+    """A region of interest inside a rock (a mask whose outside is rock) has no partial-volume surface:
+    its outside is marked as across no surface (code 2), so the pores it cuts keep their voxels; a
+    core's mask in air is marked as across its surface (code 1), where the rim rule applies."""
+    from ctpore.data.io import geometry_from_array
+    from ctpore.data.sample import BEYOND, SURFACE
+    from ctpore.pipelines.sample_mask import prepare_sample
+
+    rock, _truth, _ = make_pair(3, shape=(16, 64, 64), family="vesicles")
+    box = np.zeros(rock.shape, np.uint8)
+    box[:, 16:48, 16:48] = 1
+    geometry = geometry_from_array(rock.shape, (0.01, 0.01, 0.01))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        roi = prepare_sample(rock.astype(np.float32), geometry, box)
+        assert set(np.unique(roi.codes[box == 0])) == {BEYOND}
+        scan, _truth, true = _dry_core((12, 96, 96), 38)
+        core = prepare_sample(scan, geometry_from_array(scan.shape, (0.01, 0.01, 0.01)), true.astype(np.uint8))
+    assert set(np.unique(core.codes[~true])) == {SURFACE}

@@ -1,8 +1,10 @@
 """Every simulated scan a published figure rests on stays the same scan: the benchmark's, the further
-held-out scans' and the shipped configs' validation seeds keep their pore family and their label
-(pinned by ``scripts/pin_seeds.py`` before the simulator learned scenes). A new family, scene or
-random draw must take a stream of its own, never one of these seeds'. The label is compared, not
-the grey scan: its last bits may differ between CPUs (SIMD maths), a 0/1 label cannot."""
+held-out scans' and the shipped configs' validation seeds keep their pore family, their label and
+their grey scan (pinned by ``scripts/pin_seeds.py``; the labels before the simulator learned
+scenes, the grey statistics after, checked equal to the simulator before scenes on every seed). A
+new family, scene or random draw must take a stream of its own, never one of these seeds'. The
+label is compared exactly, the grey scan by its mean and standard deviation to a part in a million:
+its last bits may differ between CPUs (SIMD maths), a 0/1 label cannot."""
 
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ def test_every_pinned_seed_makes_the_same_family_and_label(group):
     size = PINS["size"]
     changed = []
     for e in (e for e in PINS["seeds"] if e["group"] == group):
-        _, truth, info = make_pair(e["seed"], shape=(size,) * 3)
+        scan, truth, info = make_pair(e["seed"], shape=(size,) * 3)
         digest = hashlib.sha256(np.ascontiguousarray(truth, np.uint8).tobytes()).hexdigest()[:16]
-        if info["family"] != e["family"] or digest != e["label_sha256_16"]:
+        grey = (scan.mean(dtype=np.float64), scan.std(dtype=np.float64))
+        if info["family"] != e["family"] or digest != e["label_sha256_16"] or not np.allclose(
+                grey, (e["scan_mean"], e["scan_std"]), rtol=1e-6, atol=0):
             changed.append((e["seed"], e["family"], info["family"]))
     assert not changed, f"these seeds no longer make their pinned scan: {changed}"

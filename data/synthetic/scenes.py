@@ -15,7 +15,7 @@ Set-ups
 -------
 :data:`SETUPS` names the set-ups users meet (``core-air``, ``core-air-offcentre``, ``tube-gap``,
 ``tube-grey``, ``fov-circle``, ``brine-tube``, ``core-wider-than-fov``, ``block-turned``,
-``core-anisotropic``); :meth:`Scene.random` draws any of them with random sizes.
+``core-anisotropic``, ``tube-touching``); :meth:`Scene.random` draws any of them with random sizes.
 
 Examples
 --------

@@ -200,7 +200,7 @@ def write_sample_report(result: dict, outdir: Union[str, os.PathLike], command: 
             f"{100 * v['pores_outside_true_share_max']:.2f}% | {v['sample_seconds_median']:.2f} |")
     p = result["plain"]
     lines += ["", f"Plain scans (material to the border on every side): {p['no_outside']} of {len(p['cases'])} "
-              "came out with no outside (byte-identical to `--sample all`).", ""]
+              "came out with no outside (the same voxels as with `--sample all`).", ""]
     lines += ["## Every case", "",
               "| set-up | seed | family | CNR | kind | IoU | porosity (true mask) | b0 (true mask) |",
               "|---|---|---|---|---|---|---|---|"]
