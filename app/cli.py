@@ -257,7 +257,8 @@ def evaluate(pred, truth, prob, slice_axis, as_json):
     The MSE is of the probability map given with --prob; without it, of PRED's 0/1 pores, which
     is the fraction of voxels that differ (1 - accuracy). The output says which (mse_of).
     """
-    from ctpore.pipelines.evaluate import MSE_OF_BINARY, evaluate_files
+    from ctpore.data.metrics import MSE_OF_BINARY
+    from ctpore.pipelines.evaluate import evaluate_files
 
     m = evaluate_files(pred, truth, prob_path=prob, slice_axis=slice_axis)
     if m.get("mse_of") == MSE_OF_BINARY:

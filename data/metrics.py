@@ -43,6 +43,9 @@ from ctpore.data.topology import (
 from ctpore.errors import InputError, NonFiniteError
 
 __all__ = [
+    "MSE_OF_BINARY",
+    "MSE_OF_PROBABILITY",
+    "summary_keys",
     "check_binary",
     "porosity",
     "euler_number",
@@ -93,12 +96,16 @@ class Metric:
         ``add(acc, slab, state)`` for each slab, in z order, for a metric that keeps state of its
         own (``state`` is a dict kept for this metric); ``slab`` has ``start``, ``stop``, ``pores``,
         ``prob`` and ``truth`` (None when not given).
+    summary : bool
+        A headline figure: a column of ``ctpore batch``'s summary (and, in the ``truth`` group, one
+        of the means its report gives over the labelled scans).
     """
 
     key: str
     compute: Callable[["MetricsAccumulator"], Any]
     group: str = "volume"
     add: Optional[Callable[..., None]] = None
+    summary: bool = False
 
 
 #: Every metric, in the order of the keys in the metrics file.
@@ -117,6 +124,20 @@ def register_metric(metric: Metric) -> Metric:
                          "of its own")
     METRICS.append(metric)
     return metric
+
+
+def summary_keys(group: Optional[str] = None) -> tuple[str, ...]:
+    """The keys of the headline metrics (``summary``), in the metrics file's order; of one
+    ``group`` only when given."""
+    return tuple(m.key for m in METRICS if m.summary and (group is None or m.group == group))
+
+
+#: What ``mse_of`` says when the MSE is of the probability map (the metrics files and benchmarks).
+MSE_OF_PROBABILITY = "probability"
+
+#: What ``mse_of`` says when the MSE is of 0/1 pores (a thresholding method, or no probability
+#: given): the fraction of voxels that differ, 1 - accuracy.
+MSE_OF_BINARY = "binary pores"
 
 
 @dataclass
@@ -282,19 +303,22 @@ def _rel(pred: float, truth: float) -> float:
 
 
 for _metric in (
-    Metric("porosity", lambda a: a.pores.n_pore_voxels / a.n_sample if a.n_sample else 0.0),
-    Metric("euler_number", lambda a: a.pores.euler_number(26)),
+    Metric("porosity", lambda a: a.pores.n_pore_voxels / a.n_sample if a.n_sample else 0.0, summary=True),
+    Metric("euler_number", lambda a: a.pores.euler_number(26), summary=True),
     Metric("euler_number_6", lambda a: a.pores.euler_number(6)),
-    Metric("connectivity_density_per_mm3", lambda a: a.pores.connectivity_density(a.spacing_mm, a.n_sample)),
-    Metric("n_pores", lambda a: a.pores.n_components()),  # b0
+    Metric("connectivity_density_per_mm3", lambda a: a.pores.connectivity_density(a.spacing_mm, a.n_sample),
+           summary=True),
+    Metric("n_pores", lambda a: a.pores.n_components(), summary=True),  # b0
     Metric("n_tunnels", lambda a: _betti(a.pores)[1]),  # b1
     Metric("n_cavities", lambda a: _betti(a.pores)[2]),  # b2
-    Metric("mse", lambda a: a.sums["sq"] / a.n_sample if a.n_sample else 0.0, "truth"),
-    Metric("dice", _dice, "truth"),
+    Metric("sample_voxels", lambda a: a.n_sample),  # the denominator of every fraction
+    Metric("mse", lambda a: a.sums["sq"] / a.n_sample if a.n_sample else 0.0, "truth", summary=True),
+    Metric("dice", _dice, "truth", summary=True),
     Metric("iou", _iou, "truth"),
     Metric("porosity_error", lambda a: float(abs(a.sums["pred"] / a.n_sample - a.sums["truth"] / a.n_sample)),
            "truth"),
-    Metric("euler_error_rel", lambda a: _rel(a.pores.euler_number(26), a.truth_topology.euler_number(26)), "truth"),
+    Metric("euler_error_rel", lambda a: _rel(a.pores.euler_number(26), a.truth_topology.euler_number(26)), "truth",
+           summary=True),
     Metric("euler_number_pred", lambda a: a.pores.euler_number(26), "pred"),
     Metric("euler_number_truth", lambda a: a.truth_topology.euler_number(26), "truth"),
     Metric("porosity_pred", lambda a: a.sums["pred"] / a.n_sample, "pred"),

@@ -486,8 +486,11 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
 def summarize(records: list[dict]) -> dict:
     """Counts per status and, over the scans with a label, the mean MSE, Dice and Euler error."""
     out: dict[str, Any] = {s: sum(r["status"] == s for r in records) for s in STATUSES}
-    scored = [r["metrics"] for r in records if r.get("metrics") and "dice" in r["metrics"]]
-    for k in ("mse", "dice", "euler_error_rel"):
+    from ctpore.data.metrics import summary_keys
+
+    keys = summary_keys("truth")  # the headline comparisons with a label
+    scored = [r["metrics"] for r in records if r.get("metrics") and all(k in r["metrics"] for k in keys)]
+    for k in keys:
         if scored:
             out[f"mean_{k}"] = sum(m[k] for m in scored) / len(scored)
     return out

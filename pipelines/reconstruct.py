@@ -37,11 +37,11 @@ from ctpore.atomic import write_json_atomic
 from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan
 from ctpore.data.io.formats import optional_import
 from ctpore.data.io.omezarr_write import remove_tree
-from ctpore.data.metrics import MetricsAccumulator
+from ctpore.data.metrics import MSE_OF_BINARY, MSE_OF_PROBABILITY, MetricsAccumulator
 from ctpore.data.rim import RimCheck, clear_rim
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
 from ctpore.errors import CtporeWarning, InputError
-from ctpore.pipelines.budget import plan_budget
+from ctpore.pipelines.budget import plan_run
 from ctpore.pipelines.methods import get_method, resolve_method
 from ctpore.pipelines.outputs import (check_outputs, claim_run, finish_metrics, other_format_outputs, output_paths,
                                      output_set, run_fields)
@@ -167,12 +167,10 @@ def run_reconstruction(
         Erode the sample by this many voxels within each slice (a damaged rim).
     """
     shape = tuple(int(s) for s in geometry.shape)
-    slab, model_budget = plan_budget(shape, memory_gb, getattr(predictor, "device", None))
-    plan = getattr(predictor, "plan", None)
-    if plan is not None and (tile is None or chunk_slices is None):
-        plan_tile, plan_chunk = plan(shape, model_budget, gpu_memory_gb, precision=precision)
-        tile = plan_tile if tile is None else tile
-        chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
+    run_plan = plan_run(shape, predictor, memory_gb, gpu_memory_gb, tile=tile, chunk_slices=chunk_slices,
+                        precision=precision)
+    slab, model_budget, tile, chunk_slices = (run_plan.slab, run_plan.model_bytes, run_plan.tile,
+                                              run_plan.chunk_slices)
     post = predictor.post.with_user_rules(min_pore_voxels)
     info = dict(predictor.info)
     folder = Path(folder) if folder is not None else Path(tempfile.gettempdir())
@@ -198,7 +196,7 @@ def run_reconstruction(
         lap("intensity_range")
         with sink.raw(folder) as raw:
             if has_contrast(lo, hi):
-                halo = getattr(predictor, "halo", None)
+                halo = predictor.halo
                 tiled = isinstance(volume, Scan) and halo is not None and tile is not None and outside is None
                 reading = (windowed(volume, folder, shape, tile, halo, progress) if tiled
                            else smask.filled(volume, folder, progress))
@@ -249,9 +247,8 @@ def run_reconstruction(
     metrics["clipped_voxels"] = clipped
     if truth_reader is not None:
         # the thresholding methods have no probability: their MSE is of the 0/1 pores (1 - accuracy)
-        metrics["mse_of"] = "binary pores" if post.binary else "probability"
+        metrics["mse_of"] = MSE_OF_BINARY if post.binary else MSE_OF_PROBABILITY
     metrics["postprocessing"] = post.describe()
-    metrics["sample_voxels"] = acc.n_sample
     metrics["sample"] = smask.info
     if smask.fit is not None and smask.fit.has_outside:
         check = rim.result()
@@ -464,8 +461,8 @@ def reconstruct_file(
     with claim_run(paths, overwrite, tmp_dir) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
         if predictor is None:
             predictor = build_predictor(method, weights, device, attention_backend)
-        disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile, sample=sample,
-                   precision=precision)
+        disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile,
+                   chunk_slices=chunk_slices, sample=sample, precision=precision)
         with output_set(paths):
             metrics = run_reconstruction(
                 scan, scan.geometry, predictor, FileSink(paths, scan.geometry), folder=disk.folder,

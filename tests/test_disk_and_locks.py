@@ -37,6 +37,7 @@ from ctpore.pipelines import reconstruct as reconstruct_mod
 from ctpore.pipelines.disk import gzip_bound, peaks, run_needs
 from ctpore.pipelines.outputs import (LOCK_STALE_S, OutputsHeld, claim_outputs, lock_path, output_paths,
                                       read_lock)
+from ctpore.pipelines.methods import Untiled
 
 SHAPE = (24, 40, 36)  # (Z, Y, X)
 
@@ -179,10 +180,10 @@ def test_the_estimate_names_the_temporaries_a_run_makes(tmp_path, tiny_weights, 
     assert {n.what for n in estimated if n.what.endswith(" output")} == {f"{k} output" for k in written}
 
 
-class RandomProbability:
+class RandomProbability(Untiled):
     """A predictor whose probabilities are uniform noise: what gzip shrinks least."""
 
-    name, streams = "random", True
+    name = "random"
 
     def __init__(self):
         from ctpore.data.postprocess import Postprocessing

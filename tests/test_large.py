@@ -16,6 +16,7 @@ from ctpore.data.metrics import comparison_metrics, volume_metrics
 from ctpore.data.slabs import SlabComponents, StreamingTopology
 from ctpore.data.topology import connectivity_density, euler_number, n_components
 from ctpore.models.classical import clean_specks
+from ctpore.pipelines.methods import Untiled
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -123,10 +124,10 @@ def test_slab_writer_writes_any_slice_axis_in_the_files_own_order(tmp_path, axis
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.nii.gz", "out.nii.gz", "ref.nii.gz"]
 
 
-class _Given:
+class _Given(Untiled):
     """A predictor that writes given probabilities, tile block by tile block as PoreFormer does."""
 
-    name, streams, halo = "given", True, None
+    name = "given"
 
     def __init__(self, prob, post):
         self.prob, self.post = prob, post

@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from ctpore.errors import InputError
+from ctpore.pipelines.methods import Untiled
 from ctpore.progress import ProgressFn
 
 __all__ = ["PoreFormerPredictor", "UNetPredictor", "poreformer", "unet", "poreformer_network", "unet_network"]
@@ -21,7 +22,6 @@ class PoreFormerPredictor:
     KV caches), so its memory follows ``budget_bytes``, not the scan (:mod:`ctpore.pipelines.stream`)."""
 
     name = "poreformer"
-    streams = True
 
     def __init__(self, weights: Optional[PathLike] = None, device: str = "cpu",
                  attention_backend: Optional[str] = None):
@@ -58,11 +58,11 @@ class PoreFormerPredictor:
                 "precision": precision_name(precision, self.device)}
 
 
-class UNetPredictor:
+class UNetPredictor(Untiled):
     """A U-Net baseline (:mod:`ctpore.models.unet`) on the whole normalized scan, tiled by MONAI's
     sliding window: it holds the scan in memory, as users run it."""
 
-    streams = False
+    # MONAI's sliding window tiles inside the scan held in memory: no halo or plan of its own
 
     def __init__(self, kind: str, weights: Optional[PathLike] = None, device: str = "cpu",
                  attention_backend: Optional[str] = None):
