@@ -11,9 +11,8 @@ from ctpore.app.console import GPU_MEMORY_DEFAULT as _GPU_MEMORY_DEFAULT
 from ctpore.app.console import Progress as _Progress
 from ctpore.app.console import check_device as _check_device
 from ctpore.app.console import option as _option
+from ctpore.app.console import EXIT_OK, EXIT_PARTIAL
 from ctpore.errors import InputError
-
-EXIT_OK, EXIT_PARTIAL = 0, 3
 
 
 @click.group()

@@ -20,7 +20,7 @@ from typing import Any
 
 from ctpore.data.metrics import summary_keys
 from ctpore.atomic import atomic_write
-from ctpore.pipelines.outputs import remove_orphan_temps
+from ctpore.pipelines.claims import remove_orphan_temps
 
 __all__ = ["SUMMARY_NAME", "columns", "BatchSummary", "latest_records"]
 

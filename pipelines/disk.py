@@ -123,7 +123,7 @@ def copy_made(scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
     if predictor.halo is None or getattr(scan, "windowed", True):
         return False
     from ctpore.pipelines.budget import plan_run
-    from ctpore.pipelines.stream import plan_tiles
+    from ctpore.pipelines.stream_plan import plan_tiles
 
     shape = tuple(int(s) for s in scan.shape)
     tile = plan_run(shape, predictor, memory_gb, gpu_memory_gb, tile=tile, chunk_slices=chunk_slices,

@@ -137,7 +137,7 @@ def test_the_disk_estimate_and_the_run_share_one_plan(tmp_path):
     single tile (none), and the user's tile wins over the plan."""
     from ctpore.pipelines.budget import plan_run
     from ctpore.pipelines.disk import copy_made
-    from ctpore.pipelines.stream import plan_tiles
+    from ctpore.pipelines.stream_plan import plan_tiles
 
     predictor = R.get_method("poreformer").factory(weights=None, device="cpu")
 

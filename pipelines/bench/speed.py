@@ -134,7 +134,7 @@ def _reconstruct_plan(scan: Path, memory_gb: float = 1.5) -> tuple[int, int]:
     from ctpore.data.io import load_scan
     from ctpore.models.weights import load_for_inference
     from ctpore.pipelines.budget import plan_budget
-    from ctpore.pipelines.stream import plan_for_device
+    from ctpore.pipelines.stream_plan import plan_for_device
 
     with load_scan(scan) as s:
         shape = tuple(s.shape)
@@ -201,7 +201,7 @@ def bench_speed(
     # Memory with default settings: the same plane with four times the slices, and a wide plane.
     from ctpore.models import window_kernel
     from ctpore.pipelines.bench.gpu import make_test_scan
-    from ctpore.pipelines.stream import precision_name
+    from ctpore.pipelines.precision import precision_name
 
     memory = []
     for extra in ((4 * shape[0], shape[1], shape[2]), (8, 1024, 1024)):

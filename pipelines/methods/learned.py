@@ -26,7 +26,7 @@ class PoreFormerPredictor:
     def __init__(self, weights: Optional[PathLike] = None, device: str = "cpu",
                  attention_backend: Optional[str] = None):
         from ctpore.models.weights import load_for_inference, sha256_file
-        from ctpore.pipelines.stream import resolve_device
+        from ctpore.pipelines.precision import resolve_device
 
         self.device = resolve_device(device)  # a usage error before any weights are read
         self.model, meta, self.post, path = load_for_inference(weights, self.device, attention_backend)
@@ -38,14 +38,15 @@ class PoreFormerPredictor:
              precision: str = "auto") -> tuple[int, int]:
         """The fastest ``(tile, chunk_slices)`` whose working memory fits ``budget_bytes`` of host
         memory (on CUDA: the GPU's free memory, at most ``gpu_memory_gb``, while the host's staging
-        buffers fit ``budget_bytes``; :func:`~ctpore.pipelines.stream.plan_for_device`)."""
-        from ctpore.pipelines.stream import plan_for_device
+        buffers fit ``budget_bytes``; :func:`~ctpore.pipelines.stream_plan.plan_for_device`)."""
+        from ctpore.pipelines.stream_plan import plan_for_device
 
         return plan_for_device(self.model, shape, budget_bytes, self.device, gpu_memory_gb, precision)
 
     def predict(self, volume: Any, out: Any, *, budget_bytes: float, progress: ProgressFn = None,
                 chunk_slices: Optional[int] = None, tile: Optional[int] = None, precision: str = "auto") -> dict:
-        from ctpore.pipelines.stream import precision_name, predict
+        from ctpore.pipelines.precision import precision_name
+        from ctpore.pipelines.stream import predict
 
         if tile is None or chunk_slices is None:
             plan_tile, plan_chunk = self.plan(tuple(volume.shape), budget_bytes, precision=precision)
@@ -67,7 +68,7 @@ class UNetPredictor(Untiled):
     def __init__(self, kind: str, weights: Optional[PathLike] = None, device: str = "cpu",
                  attention_backend: Optional[str] = None):
         from ctpore.models.weights import load_unet, read_postprocessing, sha256_file, weights_dir
-        from ctpore.pipelines.stream import resolve_device
+        from ctpore.pipelines.precision import resolve_device
 
         self.name = kind
         self.device = resolve_device(device)
