@@ -70,7 +70,7 @@ def atomic_write(path: str | os.PathLike, owned: bool = False) -> Iterator[Path]
     A file that several runs rewrite in one folder (a batch's summary) is written ``owned``: its
     temporary is ``.<stem>.tmp-<host>-<pid>-XXXXXXXX<suffix>`` (:func:`owner_tag`), so that one a
     killed run left can be told from one a live run is writing
-    (:func:`ctpore.pipelines.outputs.remove_orphan_temps`).
+    (:func:`ctpore.pipelines.claims.remove_orphan_temps`).
 
     Raises
     ------

@@ -11,9 +11,8 @@ from ctpore.app.console import GPU_MEMORY_DEFAULT as _GPU_MEMORY_DEFAULT
 from ctpore.app.console import Progress as _Progress
 from ctpore.app.console import check_device as _check_device
 from ctpore.app.console import option as _option
+from ctpore.app.console import EXIT_OK, EXIT_PARTIAL
 from ctpore.errors import InputError
-
-EXIT_OK, EXIT_PARTIAL = 0, 3
 
 
 @click.group()
@@ -108,14 +107,14 @@ def bench_gpu(workdir, device, model_shape, reconstruct_shape, memory_gb, gpu_me
 @_option("--zoom-max", default=1.0, show_default=True, type=click.FloatRange(1.0),
          help="Enlarge the features of half the simulated scans by up to this factor.")
 @_option("--simulated-only", is_flag=True, show_default=True, help="Leave out the Leopard case and the real scan.")
-@_option("--methods", default=None, show_default="plain-otsu,otsu,unet2d,unet3d,poreformer",
+@_option("--methods", default=None, show_default="the benchmark's columns of the method table",
          help="The methods to score, comma-separated (e.g. poreformer alone, to compare candidate weights).")
 def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, seed_base, zoom_max, simulated_only,
                   methods):
     """PoreFormer beside Otsu, the Fiji pipeline and U-Nets: writes OUTDIR/benchmark.md and .json."""
     from ctpore.pipelines.bench import bench_quality as run
-    from ctpore.pipelines.bench import METHODS, default_leopard, default_shared, write_report
-    from ctpore.pipelines.methods import get_method
+    from ctpore.pipelines.bench import default_leopard, default_shared, write_report
+    from ctpore.pipelines.methods import bench_names, get_method
 
     shared = default_shared()
     if leopard is None:
@@ -127,7 +126,7 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, 
     from ctpore.data.splits import BENCH_SEED_BASE
 
     with _Progress("bench") as bar:
-        chosen = METHODS if methods is None else tuple(get_method(m.strip()).name for m in methods.split(",")
+        chosen = bench_names() if methods is None else tuple(get_method(m.strip()).name for m in methods.split(",")
                                                           if m.strip())
         res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar,
                   weights=weights_dir, seed_base=BENCH_SEED_BASE if seed_base is None else seed_base,

@@ -19,7 +19,12 @@ from ctpore.errors import CtporeWarning, InputError
 GPU_MEMORY_DEFAULT = "the GPU's free memory less a margin"
 
 __all__ = ["GPU_MEMORY_DEFAULT", "Progress", "error", "warn", "resource_error", "check_device", "show_warning",
-           "Option", "option", "SLICE_AXIS_HELP", "DEVICE_UNAVAILABLE", "MEMORY_ADVICE"]
+           "Option", "option", "SLICE_AXIS_HELP", "DEVICE_UNAVAILABLE", "MEMORY_ADVICE", "EXIT_OK", "EXIT_INTERNAL",
+           "EXIT_INPUT", "EXIT_PARTIAL", "SHOWN_DEFAULTS", "MethodChoice", "method_choice", "method_help",
+           "reconstruct_default"]
+
+#: Exit codes of every command: done; an internal error; bad input or usage; batch: some scans failed.
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
 
 
 class Progress:
@@ -135,7 +140,7 @@ def check_device(ctx, param, value):
     """``--device``: refused before any work starts when this machine cannot use it."""
     if value is None or value == "cpu" or ctx.resilient_parsing:  # the CPU is always there (no torch import)
         return value
-    from ctpore.pipelines.stream import resolve_device
+    from ctpore.pipelines.precision import resolve_device
 
     resolve_device(value)  # an InputError (exit 2, one line) for a device that is not there
     return value
@@ -211,3 +216,48 @@ def parse_shape(text: str, option: str) -> tuple[int, int, int]:
     if len(dims) != 3 or min(dims) < 1:
         raise InputError(f"{option} must be Z x Y x X, like 128x512x512; got {text!r}")
     return dims  # type: ignore[return-value]
+
+
+# -- the method options that reconstruct and batch share ------------------------------------------
+
+
+def reconstruct_default(key):
+    """The default of ``key`` in configs/reconstruct.yaml (read when a command runs)."""
+    from ctpore.pipelines.reconstruct import DEFAULTS
+
+    return DEFAULTS[key]
+
+
+#: The defaults of configs/reconstruct.yaml as --help shows them (tests check they agree).
+SHOWN_DEFAULTS = {"method": "auto", "device": "cpu", "memory_gb": "1.5", "precision": "auto"}
+
+
+class MethodChoice(click.Choice):
+    """``--method``'s choices: ``auto`` and every registered method (and their older names), read
+    from the registry when the command runs, so a method registered after import is a choice too."""
+
+    def __init__(self):
+        super().__init__([])
+
+    @property
+    def choices(self):
+        from ctpore.pipelines.methods import METHODS, method_names
+
+        return tuple(method_names(auto=True) + [a for s in METHODS.values() for a in s.aliases])
+
+    @choices.setter
+    def choices(self, value):
+        pass
+
+
+def method_choice() -> click.Choice:
+    """``--method``'s choices (:class:`MethodChoice`)."""
+    return MethodChoice()
+
+
+def method_help() -> str:
+    """``--method``'s help: every registered method with its description."""
+    from ctpore.pipelines.methods import METHODS
+
+    return ("auto = poreformer when its weights are installed, else otsu. "
+            + "; ".join(f"{s.name}: {s.description}" for s in METHODS.values()) + ".")

@@ -5,13 +5,15 @@ convention). Every metric is computed by one :class:`MetricsAccumulator`, fed sl
 (the pores, and optionally the probability map and a ground truth), so a scan of any size is
 measured without being held: ``ctpore reconstruct`` feeds it the slabs it writes, and
 :func:`volume_metrics` / :func:`comparison_metrics` feed it a whole in-memory volume. The figures are
-exact either way. The topology itself lives in :mod:`ctpore.data.topology` (whole volumes) and
-:mod:`ctpore.data.slabs` (slab by slab).
+exact either way. The topology itself lives in :mod:`ctpore.data.topology` (whole volumes),
+:mod:`ctpore.data.connectivity` (BoneJ's connectivity) and :mod:`ctpore.data.slabs` (slab by slab).
 
 A metric is a :class:`Metric`: a key and a function of the accumulator (and, for a metric that needs
 state of its own, an ``add`` hook that sees every slab). Adding one is a function and one
 :func:`register_metric` line; the order of :data:`METRICS` is the order of the keys in the metrics
-file.
+file. This module is the public place of them all: the registry lives in
+:mod:`ctpore.data.metric_registry`, the accumulator in :mod:`ctpore.data.accumulator`, and importing
+this module registers the built-in metrics below, first and in the metrics file's order.
 
 Examples
 --------
@@ -25,24 +27,21 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ctpore.data.binary import as_volume, check_binary, check_spacing
+from ctpore.data.accumulator import MetricsAccumulator
+from ctpore.data.binary import as_volume, check_binary
+from ctpore.data.connectivity import connectivity_density, connectivity_index
+from ctpore.data.metric_registry import METRICS, Metric, register_metric, summary_keys
 from ctpore.data.slabs import StreamingTopology
-from ctpore.data.topology import (
-    SLAB_VOXELS,
-    betti_numbers,
-    connectivity_density,
-    connectivity_index,
-    euler_number,
-    n_components,
-)
-from ctpore.errors import InputError, NonFiniteError
+from ctpore.data.topology import SLAB_VOXELS, betti_numbers, euler_number, n_components
+from ctpore.errors import InputError
 
 __all__ = [
+    "MSE_OF_BINARY",
+    "MSE_OF_PROBABILITY",
+    "summary_keys",
     "check_binary",
     "porosity",
     "euler_number",
@@ -72,191 +71,12 @@ def porosity(pores: np.ndarray) -> float:
     return float(np.count_nonzero(vol) / vol.size)
 
 
-@dataclass(frozen=True)
-class Metric:
-    """One key of the metrics.
+#: What ``mse_of`` says when the MSE is of the probability map (the metrics files and benchmarks).
+MSE_OF_PROBABILITY = "probability"
 
-    Attributes
-    ----------
-    key : str
-        Its name in the metrics (JSON) file.
-    compute : callable
-        ``compute(acc) -> value`` (a plain Python number, list or None) from a
-        :class:`MetricsAccumulator` that has seen every slab.
-    group : {"volume", "truth", "betti", "pred", "pred_betti"}
-        ``volume``: of the pores alone; ``truth``: needs a ground truth; ``betti``: needs a truth
-        and the Betti numbers (reported by ``reconstruct`` and ``evaluate``; the cheaper
-        comparisons of the benchmark rows leave them out unless asked); ``pred`` and
-        ``pred_betti``: the prediction's own value beside the truth's, only where the volume
-        group (which holds it under its own key) is left out, so no key repeats another.
-    add : callable, optional
-        ``add(acc, slab, state)`` for each slab, in z order, for a metric that keeps state of its
-        own (``state`` is a dict kept for this metric); ``slab`` has ``start``, ``stop``, ``pores``,
-        ``prob`` and ``truth`` (None when not given).
-    """
-
-    key: str
-    compute: Callable[["MetricsAccumulator"], Any]
-    group: str = "volume"
-    add: Optional[Callable[..., None]] = None
-
-
-#: Every metric, in the order of the keys in the metrics file.
-METRICS: list[Metric] = []
-
-_GROUPS = ("volume", "truth", "betti", "pred", "pred_betti")
-
-
-def register_metric(metric: Metric) -> Metric:
-    """Add a metric to :data:`METRICS`; a key already there is refused (ValueError): two metrics of
-    one key would write one value over the other in the metrics file."""
-    if metric.group not in _GROUPS:
-        raise ValueError(f"metric group must be one of {', '.join(_GROUPS)}, got {metric.group!r}")
-    if any(m.key == metric.key for m in METRICS):
-        raise ValueError(f"a metric with the key {metric.key!r} is registered already; give the new one a key "
-                         "of its own")
-    METRICS.append(metric)
-    return metric
-
-
-@dataclass
-class _Slab:
-    start: int
-    stop: int
-    pores: np.ndarray
-    prob: Optional[np.ndarray]
-    truth: Optional[np.ndarray]
-    sample: Optional[np.ndarray] = None
-
-
-class MetricsAccumulator:
-    """Every metric of a pore volume, fed slab by slab along z (see the module docstring).
-
-    Parameters
-    ----------
-    shape : tuple of int
-        ``(Z, Y, X)`` of the whole volume.
-    spacing_mm : sequence of 3 floats
-        Voxel size (z, y, x) in mm, for the connectivity density.
-    truth : bool
-        Slabs come with a ground truth: the comparisons are computed.
-    betti : bool
-        With a truth, also the Betti numbers of the truth and their errors.
-    volume : bool
-        The metrics of the pores alone (porosity, Euler and Betti numbers, density).
-
-    Attributes
-    ----------
-    n : int
-        Voxels of the volume.
-    pores, truth_topology : StreamingTopology
-        The topology of the pores and of the truth seen so far.
-    sums : dict
-        Running sums: ``sq`` (squared error of the probability, float64), ``pred``, ``truth``,
-        ``inter`` (voxel counts).
-
-    Examples
-    --------
-    >>> vol = np.zeros((6, 5, 5), np.uint8); vol[1:5, 1:4, 1:4] = 1; vol[2:4, 2, 2] = 0
-    >>> acc = MetricsAccumulator(vol.shape)
-    >>> for z in range(0, 6, 4):
-    ...     acc.add(vol[z:z + 4])
-    >>> acc.result() == volume_metrics(vol)
-    True
-    """
-
-    def __init__(self, shape, spacing_mm: Sequence[float] = (1.0, 1.0, 1.0), truth: bool = False,
-                 betti: bool = True, volume: bool = True):
-        self.shape = tuple(int(s) for s in shape)
-        self.spacing_mm = check_spacing(spacing_mm)
-        self.n = int(np.prod(self.shape))
-        #: Voxels of the sample (all of them unless slabs come with a sample mask).
-        self.n_sample = 0
-        groups = {"volume"} if volume else set()
-        if truth:
-            groups |= {"truth", "betti"} if betti else {"truth"}
-            if not volume:  # the prediction's own figures, which the volume group holds otherwise
-                groups |= {"pred", "pred_betti"} if betti else {"pred"}
-        self.metrics = [m for m in METRICS if m.group in groups]
-        components = volume or (truth and betti)
-        self.pores = StreamingTopology(components=components)
-        self.truth_topology = StreamingTopology(components=truth and betti) if truth else None
-        self.sums = {"sq": 0.0, "pred": 0, "truth": 0, "inter": 0}
-        self.mse_of_probability = False
-        self._state: dict[str, dict] = {m.key: {} for m in self.metrics}
-        self._z = 0
-
-    def add(self, pores: np.ndarray, prob: Optional[np.ndarray] = None, truth: Optional[np.ndarray] = None,
-            sample: Optional[np.ndarray] = None) -> None:
-        """The next slab: pores (0/1), and the probability map and truth of the same slices when
-        the accumulator measures them (the MSE is of ``prob``, or of the pores without one).
-
-        ``sample`` (bool, True inside the sample; None: all of it): every figure is of the sample
-        only. The pores (and ``prob``) must be 0 outside it; the truth is taken as 0 there.
-        """
-        p = as_volume(pores, "prediction")
-        n = p.shape[0]
-        if sample is not None:
-            sample = np.asarray(sample, bool)
-            if np.any(p & ~sample):
-                raise ValueError("pores outside the sample")
-            self.n_sample += int(np.count_nonzero(sample))
-        else:
-            self.n_sample += int(p.size)
-        self.pores.add(p)
-        if self.truth_topology is not None:
-            if truth is None:
-                raise ValueError("this accumulator compares with a truth: give each slab's truth")
-            t = as_volume(truth, "truth")
-            if t.shape != p.shape:
-                raise InputError(f"prediction and truth must have the same shape, got prediction {p.shape} "
-                                 f"and truth {t.shape}")
-            if sample is not None:
-                t = t & sample
-            self.truth_topology.add(t)
-            self.sums["pred"] += int(np.count_nonzero(p))
-            self.sums["truth"] += int(np.count_nonzero(t))
-            self.sums["inter"] += int(np.count_nonzero(p & t))
-            if prob is not None:
-                self.mse_of_probability = True
-                if sample is not None:
-                    prob = np.where(sample, prob, 0.0)  # outside: 0 against 0
-                self.sums["sq"] += _squared_error(prob, t)
-            else:  # (0/1 - 0/1)^2 is 1 where they differ
-                self.sums["sq"] += float(np.count_nonzero(p != t))
-        slab = _Slab(self._z, self._z + n, p, prob, truth, sample)
-        for m in self.metrics:
-            if m.add is not None:
-                m.add(self, slab, self._state[m.key])
-        self._z += n
-
-    def state(self, key: str) -> dict:
-        """The state dict of metric ``key`` (for a metric with an ``add`` hook)."""
-        return self._state[key]
-
-    def result(self) -> dict:
-        """Every metric's value, keyed as in the metrics file, in :data:`METRICS` order."""
-        if self._z != self.shape[0]:
-            raise ValueError(f"{self._z} of {self.shape[0]} slices were added")
-        return {m.key: m.compute(self) for m in self.metrics}
-
-
-def _squared_error(prob: np.ndarray, truth: np.ndarray) -> float:
-    """Sum of (prob - truth)² in float64 (prob checked: finite, in [0, 1])."""
-    q = np.asarray(prob)
-    if q.shape != truth.shape:
-        raise InputError(f"probability and truth must have the same shape, got probability {q.shape} and "
-                         f"truth {truth.shape}")
-    if not np.issubdtype(q.dtype, np.number) and q.dtype != np.bool_:
-        raise InputError(f"probability must be numeric, got dtype {q.dtype}")
-    q = q.astype(np.float64)
-    if not np.isfinite(q).all():
-        n = int(np.count_nonzero(~np.isfinite(q)))
-        raise NonFiniteError(f"probability volume holds NaN/Inf (at least {n} voxels)")
-    if q.size and (q.min() < 0.0 or q.max() > 1.0):
-        raise InputError(f"probability must lie in [0, 1], found values from {q.min():g} to {q.max():g}")
-    d = q - truth
-    return float(np.einsum("ijk,ijk->", d, d))
+#: What ``mse_of`` says when the MSE is of 0/1 pores (a thresholding method, or no probability
+#: given): the fraction of voxels that differ, 1 - accuracy.
+MSE_OF_BINARY = "binary pores"
 
 
 # -- the built-in metrics, in the order of the metrics file ------------------------------------
@@ -282,19 +102,22 @@ def _rel(pred: float, truth: float) -> float:
 
 
 for _metric in (
-    Metric("porosity", lambda a: a.pores.n_pore_voxels / a.n_sample if a.n_sample else 0.0),
-    Metric("euler_number", lambda a: a.pores.euler_number(26)),
+    Metric("porosity", lambda a: a.pores.n_pore_voxels / a.n_sample if a.n_sample else 0.0, summary=True),
+    Metric("euler_number", lambda a: a.pores.euler_number(26), summary=True),
     Metric("euler_number_6", lambda a: a.pores.euler_number(6)),
-    Metric("connectivity_density_per_mm3", lambda a: a.pores.connectivity_density(a.spacing_mm, a.n_sample)),
-    Metric("n_pores", lambda a: a.pores.n_components()),  # b0
+    Metric("connectivity_density_per_mm3", lambda a: a.pores.connectivity_density(a.spacing_mm, a.n_sample),
+           summary=True),
+    Metric("n_pores", lambda a: a.pores.n_components(), summary=True),  # b0
     Metric("n_tunnels", lambda a: _betti(a.pores)[1]),  # b1
     Metric("n_cavities", lambda a: _betti(a.pores)[2]),  # b2
-    Metric("mse", lambda a: a.sums["sq"] / a.n_sample if a.n_sample else 0.0, "truth"),
-    Metric("dice", _dice, "truth"),
+    Metric("sample_voxels", lambda a: a.n_sample),  # the denominator of every fraction
+    Metric("mse", lambda a: a.sums["sq"] / a.n_sample if a.n_sample else 0.0, "truth", summary=True),
+    Metric("dice", _dice, "truth", summary=True),
     Metric("iou", _iou, "truth"),
     Metric("porosity_error", lambda a: float(abs(a.sums["pred"] / a.n_sample - a.sums["truth"] / a.n_sample)),
            "truth"),
-    Metric("euler_error_rel", lambda a: _rel(a.pores.euler_number(26), a.truth_topology.euler_number(26)), "truth"),
+    Metric("euler_error_rel", lambda a: _rel(a.pores.euler_number(26), a.truth_topology.euler_number(26)), "truth",
+           summary=True),
     Metric("euler_number_pred", lambda a: a.pores.euler_number(26), "pred"),
     Metric("euler_number_truth", lambda a: a.truth_topology.euler_number(26), "truth"),
     Metric("porosity_pred", lambda a: a.sums["pred"] / a.n_sample, "pred"),

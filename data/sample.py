@@ -21,6 +21,8 @@ slab:
     what is that dark and connected to the border is outside (judged by grey value alone, so the
     result is flagged as uncertain).
 
+The grey-value rules (``constant``, ``dark``) are in :mod:`ctpore.data.grey_outside`.
+
 An air outside is as dark as a dry sample's pores; the shape tells them apart where the grey value
 cannot. A scan whose border is material on every side (a block of rock filling the volume) has no
 outside: every voxel is sample, and its figures are exactly those of the whole volume.
@@ -52,6 +54,7 @@ import numpy as np
 from scipy import ndimage as ndi
 
 from ctpore.data.envelope import Envelope, fit_envelope, sample_slices
+from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
 from ctpore.data.profiles import PROFILE_PIXELS
 
 __all__ = ["AIR_SLICE", "BEYOND", "KINDS", "SURFACE", "SampleFit", "find_sample"]
@@ -66,107 +69,6 @@ SURFACE, BEYOND = 1, 2
 #: A slice whose voxels inside the shape average less than this share of the way from the air's
 #: grey level to the material's is air (above or below the sample), not sample.
 AIR_SLICE = 0.125
-
-#: Share of the border pixels that must hold the outside's grey value (exactly, or within its noise).
-_BORDER_SHARE = 0.6
-
-#: Border pixels are "nearly uniform" when their spread (IQR) is below this share of the distance
-#: from their median to the middle's median.
-_UNIFORM = 0.35
-
-#: Dark outside: a pore opening at the sample's surface through a mouth narrower than about
-#: 2 * _MOUTH + 1 pixels is not taken for outside.
-_MOUTH = 2
-
-
-def _border(sl: np.ndarray, width: int = 2) -> np.ndarray:
-    return np.concatenate([sl[:width].ravel(), sl[-width:].ravel(), sl[:, :width].ravel(), sl[:, -width:].ravel()])
-
-
-def _middle(sl: np.ndarray) -> np.ndarray:
-    y, x = sl.shape
-    return sl[y // 4: y - y // 4, x // 4: x - x // 4].ravel()
-
-
-def _median3(a: np.ndarray) -> np.ndarray:
-    return ndi.median_filter(a, size=3, mode="nearest")
-
-
-@dataclass(frozen=True)
-class _DarkRule:
-    """The grey-value rule for a dark outside (``dark``): at most ``upper``, judged on each pixel's
-    3 x 3 median, connected to the border through more than a narrow mouth, and one pixel more below
-    ``rim`` (the partial-volume rim of the surface)."""
-
-    level: float
-    upper: float
-    rim: float
-
-
-def _filtered_border_and_middle(sl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``_border`` and ``_middle`` of the slice's 3 x 3 median (``mode="nearest"``), filtering only
-    the strips and the box they take (with the one pixel of context each needs): the same values
-    as filtering the whole slice."""
-    y, x = sl.shape
-    w = 2  # _border's width
-    top, bottom = _median3(sl[: w + 1])[:w], _median3(sl[-(w + 1):])[-w:]
-    left, right = _median3(sl[:, : w + 1])[:, :w], _median3(sl[:, -(w + 1):])[:, -w:]
-    y0, y1, x0, x1 = y // 4, y - y // 4, x // 4, x - x // 4  # _middle's box; y0, x0 >= 2 (y, x >= 8)
-    mid = _median3(sl[y0 - 1: y1 + 1, x0 - 1: x1 + 1])[1:-1, 1:-1]
-    border = np.concatenate([top.ravel(), bottom.ravel(), left.ravel(), right.ravel()])
-    return border, mid.ravel()
-
-
-def _dark_rule(slices) -> Optional[_DarkRule]:
-    """A uniform border darker than anything in the middle of the slices (each pixel judged by its
-    3 x 3 median, where the noise is smaller), or None."""
-    bf, mf, m = [], [], []
-    for sl in slices:
-        b, f = _filtered_border_and_middle(sl)
-        bf.append(b)
-        mf.append(f)
-        m.append(_middle(sl))
-    bf, mf, m = np.concatenate(bf), np.concatenate(mf), np.concatenate(m)
-    b_q, m_q = np.percentile(bf, [25, 50, 75]), np.percentile(mf, [1, 50])
-    b_iqr, level = float(b_q[2] - b_q[1]), float(b_q[1])
-    if level >= m_q[0] or b_iqr > _UNIFORM * (float(m_q[1]) - level):
-        return None
-    noise = max(b_iqr / 1.349, 1e-12)
-    upper = min(level + 4 * noise, 0.5 * (level + float(m_q[0])))
-    if np.count_nonzero(bf <= upper) < _BORDER_SHARE * bf.size:
-        return None
-    return _DarkRule(level, float(upper), 0.5 * (level + float(np.median(m))))
-
-
-def _constant_level(slices) -> Optional[float]:
-    """The exact grey value of most of the slices' border when it is rare in their middle, or None."""
-    b = np.concatenate([_border(sl) for sl in slices])
-    m = np.concatenate([_middle(sl) for sl in slices])
-    values, counts = np.unique(b, return_counts=True)
-    mode = float(values[np.argmax(counts)])
-    if counts.max() >= _BORDER_SHARE * b.size and np.count_nonzero(m == mode) < 0.01 * m.size:
-        return mode
-    return None
-
-
-def _connected_to_border(cand: np.ndarray, erode: int = 0) -> np.ndarray:
-    """Bool ``(Y, X)``: the pixels of ``cand`` connected to the slice's border (4-connected), flooding
-    only through what survives an erosion by ``erode`` pixels and then growing back within ``cand``."""
-    cross = ndi.generate_binary_structure(2, 1)
-    disk = ndi.iterate_structure(cross, erode) if erode else None
-    seed = ndi.binary_erosion(cand, disk, border_value=1) if erode else cand
-    lab, n = ndi.label(seed, structure=cross)
-    out = np.zeros(cand.shape, bool)
-    if not n:
-        return out
-    edge = np.unique(np.concatenate([lab[0], lab[-1], lab[:, 0], lab[:, -1]]))
-    keep = np.zeros(n + 1, bool)
-    keep[edge] = True
-    keep[0] = False
-    out = keep[lab]
-    if erode:
-        out = ndi.binary_dilation(out, disk) & cand
-    return out
 
 
 @dataclass
@@ -183,7 +85,7 @@ class SampleFit:
         The grey value beyond a field of view (``constant`` outside), if any.
     envelope : Envelope
         The fitted shape (:func:`~ctpore.data.envelope.fit_envelope`).
-    dark : _DarkRule or None
+    dark : DarkRule or None
         The grey-value rule used when no shape fits (``kind == "dark"``).
     """
 
@@ -191,7 +93,7 @@ class SampleFit:
     spacing_mm: tuple
     constant: Optional[float]
     envelope: Envelope
-    dark: Optional[_DarkRule] = None
+    dark: Optional[DarkRule] = None
     checks: dict = field(default_factory=dict)
 
     @property
@@ -247,14 +149,14 @@ class SampleFit:
         const = np.zeros(raw.shape, bool)
         if self.constant is not None:
             for i in range(n):
-                const[i] = _connected_to_border(raw[i] == self.constant)
+                const[i] = connected_to_border(raw[i] == self.constant)
         valid = None if self.constant is None else list(~const)
         inside = self._inside_shape(raw, z0, valid)
         shaped = inside is not None
         if shaped:
             inside &= self._material_slices(raw, inside & ~const)[:, None, None]
         elif self.dark is not None:
-            inside = ~self._dark_outside(raw)
+            inside = ~dark_outside(raw, self.dark)
             shaped = True
         else:
             inside = np.ones(raw.shape, bool)
@@ -318,16 +220,6 @@ class SampleFit:
         return np.stack([outer.inside(float(z0 + i), (ny, nx), self.spacing_mm[1:])
                          & ~outer.inside(float(z0 + i), (ny, nx), self.spacing_mm[1:], shrink_mm=wall["thickness_mm"])
                          for i in range(n)])
-
-    def _dark_outside(self, raw: np.ndarray) -> np.ndarray:
-        rule = self.dark
-        cand = ndi.median_filter(raw, size=(1, 3, 3), mode="nearest") <= rule.upper
-        cross = ndi.generate_binary_structure(2, 1)
-        out = np.zeros(raw.shape, bool)
-        for i in range(raw.shape[0]):
-            out[i] = _connected_to_border(cand[i], _MOUTH)
-            out[i] |= ndi.binary_dilation(out[i], cross) & (raw[i] < rule.rim)  # the partial-volume rim
-        return out
 
     def _length(self, units_known: bool) -> tuple[float, str]:
         """(factor, unit) for the fit's lengths: mm, or voxels (of the in-plane pixel) when the scan
@@ -469,10 +361,10 @@ def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> Sa
     slices = [np.ascontiguousarray(np.asarray(volume[int(z): int(z) + 1], dtype=np.float32)[0][::step, ::step])
               for z in zs]
     grid = (spacing[0], spacing[1] * step, spacing[2] * step)
-    constant = _constant_level(slices)
+    constant = constant_level(slices)
     valid = [None] * len(slices)
     if constant is not None:
-        valid = [~_connected_to_border(sl == constant) for sl in slices]
+        valid = [~connected_to_border(sl == constant) for sl in slices]
     slices = _clipped(slices, valid)
     env = fit_envelope(slices, zs, grid, valid)
     env.zs = zs
@@ -481,7 +373,7 @@ def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> Sa
         fit.checks["stray"] = _stray(slices, valid, env, grid)
         if fit.checks["stray"] > 0.2 and env.wall is None:
             # the cylinder cuts through material: not the sample's surface; take the outline
-            from ctpore.data.envelope import Outline
+            from ctpore.data.outline import Outline
 
             px = min(spacing[1], spacing[2])
             k = int(np.clip(2 * np.pi * env.cylinder.radius_mm / (4.0 * px), 64, 360))
@@ -492,7 +384,7 @@ def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> Sa
     if env.kind == "outline":  # a block or not, decided once on the fit's slices
         env.outline = env.outline.judge_block(slices, valid)
     if env.kind == "none" and constant is None:
-        fit.dark = _dark_rule(slices)
+        fit.dark = dark_rule(slices)
     if _weakrefable(volume):
         _FITS.setdefault(volume, {})[key] = fit  # a run asks twice (the disk estimate, the mask)
     return fit

@@ -3,8 +3,8 @@
 :class:`SlabComponents` labels connected components per slab and joins them across slab
 boundaries with a union-find (counts, sizes, and the small ones to remove); :class:`StreamingTopology`
 adds the Euler numbers (additive over the vertex planes between slices) and the BoneJ edge
-correction (from the stack's six faces). Both give exactly what :mod:`ctpore.data.topology` gives on
-the whole volume.
+correction (from the stack's six faces). Both give exactly what :mod:`ctpore.data.topology` and
+:mod:`ctpore.data.connectivity` give on the whole volume.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import numpy as np
 from scipy import ndimage as ndi
 
 from ctpore.data.binary import as_volume, check_connectivity, check_spacing
+from ctpore.data.connectivity import edge_correction_faces, per_volume
 from ctpore.data.topology import (
     SLAB_VOXELS,
-    edge_correction_faces,
     betti_numbers,  # noqa: F401 (the examples use it)
     euler_from_histogram,
     euler_number,  # noqa: F401 (the examples use it)
     n_components,  # noqa: F401 (the examples use it)
-    per_volume,
     plane_histogram,
 )
 

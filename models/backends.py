@@ -40,7 +40,7 @@ def load_flash() -> tuple[Callable | None, str]:
                 from flash_attn import flash_attn_func  # optional, lazy
             except (ImportError, OSError) as exc:
                 why = (f"flash-attn cannot be imported ({exc}); install it with "
-                       "pip install flash-attn --no-build-isolation (see the README)")
+                       "pip install flash-attn --no-build-isolation (see docs/gpu.md)")
             else:
                 if "window_size" not in inspect.signature(flash_attn_func).parameters:
                     why = "flash-attn is too old (no window_size); install flash-attn>=2.3"

@@ -1,8 +1,8 @@
 """Building blocks of PoreFormer: the z-position features, the in-plane convolution helpers and
 the pre-norm inter-slice attention block.
 
-Kept apart from :mod:`ctpore.models.poreformer` so the model file holds the architecture and its
-inference plan only.
+Kept apart from :mod:`ctpore.models.poreformer` (the architecture) and
+:mod:`ctpore.models.poreformer_forward` (its forward pass), which both use them.
 """
 
 from __future__ import annotations

@@ -35,6 +35,10 @@ per-token LayerNorm over channels.
 The z-position encoding is added into V (not into the tokens): a learned linear map of
 sinusoidal features of the ABSOLUTE slice index ``z``, so it is defined for any number of slices.
 Streaming passes the chunk offset ``z0`` so a chunk sees the same encoding as the full pass.
+
+This module holds the model: its layers, what it tells about itself and its memory estimate. The
+forward pass that runs them is :mod:`ctpore.models.poreformer_forward`; the blocks it is built
+from (the attention block, the convolution helpers, the z features) are :mod:`ctpore.models.blocks`.
 """
 
 from __future__ import annotations
@@ -43,17 +47,16 @@ import copy
 from collections import Counter
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ctpore.errors import InputError
-from ctpore.models.attention import check_finite, resolve_backend
-from ctpore.models.blocks import Block, channels_last, conv3x3, gelu_, up2, z_features
+from ctpore.models.backends import resolve_backend
+from ctpore.models.blocks import Block, conv3x3
 from ctpore.models.kv_cache import KVCache
-from ctpore.models.numerics import band_tokens, folded_head, no_autocast
+from ctpore.models.numerics import band_tokens
 from ctpore.models.poreformer_config import PoreFormerConfig
+from ctpore.models.poreformer_forward import forward_pass
 
-__all__ = ["PoreFormer", "PoreFormerConfig", "band_tokens", "no_autocast", "z_features"]
+__all__ = ["PoreFormer", "PoreFormerConfig"]
 
 class PoreFormer(nn.Module):
     """Causal inter-slice transformer on a per-slice 2D U-Net, giving a pore logit per voxel.
@@ -95,7 +98,7 @@ class PoreFormer(nn.Module):
             Block(cfg.d_model, cfg, cfg.n_kv_heads, cfg.window, 0, f"blocks.{i}") for i in range(cfg.n_layers)
         )
         # The head reads the residual stream directly (no norm in between), so in inference the
-        # last block's output projection folds into it (see _fold_last_block).
+        # last block's output projection folds into it (see poreformer_forward.fold_last_block).
         self.head = nn.Linear(cfg.d_model, 1)
 
     # ---------------------------------------------------------------------------------------
@@ -180,7 +183,7 @@ class PoreFormer(nn.Module):
         from layer to layer (autocast would cast around every product). What stays in the
         original precision (fp32): the stem, which reads the fp32 scan; the z-position maps,
         whose term is rounded once where it is added into V; the head and the last block's output
-        projection, which fold into it (:func:`folded_head` runs their product in bf16 on CPU).
+        projection, which fold into it (:func:`~ctpore.models.numerics.folded_head` runs their product in bf16 on CPU).
         The copy shares :meth:`backends_ran`'s counters with this model. This model is unchanged.
 
         Examples
@@ -296,7 +299,7 @@ class PoreFormer(nn.Module):
             ``(B, Z, Y - top - bottom, X - left - right)`` logits (sigmoid gives the pore
             probability).
         """
-        return self._run(x, z0, cache, need_weights=False, margins=margins)[0]
+        return forward_pass(self, x, z0, cache, need_weights=False, margins=margins)[0]
 
     @torch.no_grad()
     def attention_maps(
@@ -336,7 +339,7 @@ class PoreFormer(nn.Module):
             one, the keys start with the cached slices). A coarse level's block attends over
             its own pixel columns; each pixel gets the column that contains it.
         """
-        logits, maps = self._run(x, z0, cache, need_weights=True, margins=margins)
+        logits, maps = forward_pass(self, x, z0, cache, need_weights=True, margins=margins)
         b, _z, y, xx = x.shape
         mt, mb, ml, mr = (0, 0, 0, 0) if margins is None else (int(m) for m in margins)
         ys, xs = (slice(mt, y - mb), slice(ml, xx - mr)) if region is None else region
@@ -352,140 +355,3 @@ class PoreFormer(nn.Module):
                 raise ValueError(f"region {region} is not inside the token region of margins {margins}")
             out.append(w[:, ry][:, :, rx].clone())
         return (out, logits) if with_logits else out
-
-    def _fold_last_block(self):
-        """``(W_t, W_a, b)`` with ``head(t + proj(a)) = t @ W_t + a @ W_a + b``, or None.
-
-        Valid when the last full-resolution block is attention only (its output is
-        ``t + proj(a)``) and the head reads it directly, as here: the fold saves the output
-        projection and the residual add over every full-resolution token.
-        """
-        if not len(self.blocks) or self.blocks[-1].mlp is not None or self.training:
-            return None
-        proj, head = self.blocks[-1].attn.proj, self.head
-        with no_autocast(head.weight.device.type):  # in the weights' dtype, whatever autocast says
-            w_t = head.weight.t()  # (C, 1)
-            w_a = (head.weight @ proj.weight).t()  # (C, 1)
-            bias = head.bias + (head.weight @ proj.bias if proj.bias is not None else 0.0)
-        return w_t, w_a, bias
-
-    # ---------------------------------------------------------------------------------------
-    def _level_attention(self, h, blocks, z, b, zfeat, caches, need_weights, check, maps, scale):
-        """Run a level's attention blocks on the pixel columns of the map ``h`` (Z*B, C, hy, hx)."""
-        _, c, hy, hx = h.shape
-        t = h.permute(0, 2, 3, 1).reshape(z, b * hy * hx, c).transpose(0, 1).contiguous()  # (N, Z, C)
-        for blk in blocks:
-            t, w = blk(t, zfeat, None if caches is None else caches.pop(0), need_weights, check)
-            if w is not None:
-                maps.append((scale, (hy, hx), w))
-        return channels_last(t.transpose(0, 1).reshape(z * b, hy, hx, c).permute(0, 3, 1, 2))
-
-    def _run(
-        self,
-        x: torch.Tensor,
-        z0: int,
-        cache: list[KVCache] | None,
-        need_weights: bool,
-        margins: tuple[int, int, int, int] | None = None,
-    ):
-        cfg = self.config
-        if not torch.is_tensor(x) or x.dim() != 4:
-            shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
-            raise InputError(f"PoreFormer takes a (B, Z, Y, X) tensor, got {shape}")
-        if not x.is_floating_point():
-            raise InputError(f"PoreFormer takes a float tensor, got {x.dtype}")
-        blocks = self._attention_blocks()
-        if cache is not None:
-            if len(cache) != len(blocks):
-                raise ValueError(f"need {len(blocks)} KV caches, got {len(cache)}")
-            for c in cache:
-                if c.next_z is not None and c.next_z != z0:
-                    raise ValueError(f"this chunk starts at slice {z0} but the KV cache ends at {c.next_z}")
-        check = cfg.check_finite if cfg.check_finite is not None else self.training
-        b, z, y, xx = x.shape
-        mt, mb, ml, mr = (0, 0, 0, 0) if margins is None else (int(m) for m in margins)
-        oy, ox = y - mt - mb, xx - ml - mr  # the token region
-        if min(mt, mb, ml, mr) < 0 or oy < 1 or ox < 1:
-            raise ValueError(f"margins {margins} do not leave a region of the {y} x {xx} input")
-        zfeat = z_features(z0, z, cfg.pos_features, cfg.pos_max_period, x.device, x.dtype)
-        caches = None if cache is None else list(cache)
-        maps: list = []
-
-        # Slices outermost: (Z*B, 1, Y, X), padded to the coarsest grid at the bottom/right.
-        img = x.transpose(0, 1).reshape(z * b, 1, y, xx)
-        a = cfg.align
-        py, px = (-y) % a, (-xx) % a
-        if py or px:
-            img = F.pad(img, (0, px, 0, py), mode="replicate")
-        with no_autocast(img.device.type):  # the stem in the input's precision (fp32), autocast or not
-            s0 = channels_last(gelu_(self.stem(img)).to(self.down[0].weight.dtype))  # (Z*B, C0, Y', X')
-        if check:
-            check_finite(s0, "encoder", "output")
-        feats, h = [s0], s0
-        for lv in range(cfg.n_levels):
-            h = channels_last(gelu_(self.down[lv](h)))
-            h = channels_last(gelu_(self.conv[lv](h)))
-            if len(self.level_blocks[lv]):
-                h = self._level_attention(h, self.level_blocks[lv], z, b, zfeat, caches, need_weights,
-                                          check, maps, 2 ** (lv + 1))
-            feats.append(h)
-        u = feats[-1]
-        for lv in range(cfg.n_levels - 1, 0, -1):  # back up to 1/2 resolution
-            skip = feats[lv]
-            u = F.interpolate(u, size=skip.shape[-2:], mode="bilinear", align_corners=False)
-            u = channels_last(gelu_(self.fuse[lv - 1](torch.cat([u, skip], dim=1))))
-        u = self.up_proj(u)  # (Z*B, d, Y'/2, X'/2): projected before upsampling (both are linear)
-        full = [None if caches is None else caches.pop(0) for _ in self.blocks]
-        logits = self._full_resolution(x, u, s0, (mt, mb, ml, mr), zfeat, full, need_weights, check, maps)
-        if cache is not None:
-            for c in cache:
-                c.next_z = z0 + z
-        if check:
-            check_finite(logits, "head", "logits")
-        return logits, maps
-
-    def _full_resolution(self, x, u, s0, margins, zfeat, caches, need_weights, check, maps) -> torch.Tensor:
-        """Full-resolution tokens, their attention and the head, in bands of rows of the token region.
-
-        The working memory of this part follows the band, not the tile (in inference; training
-        and attention maps take the region whole). ``u`` is the projected 1/2-resolution map,
-        ``s0`` the stem features; returns the logits ``(B, Z, oy, ox)``.
-        """
-        b, z, y, xx = x.shape
-        mt, mb, ml, mr = margins
-        oy, ox, d = y - mt - mb, xx - ml - mr, self.config.d_model
-        per_band = band_tokens(x.device)  # a GPU wants large launches
-        whole = torch.is_grad_enabled() or need_weights or b > 1
-        band = oy if whole else max(1, min(oy, per_band // max(1, ox * z)))
-        fold = None if (torch.is_grad_enabled() or need_weights or check) else self._fold_last_block()
-        logits = torch.empty((b, z, oy, ox), dtype=x.dtype, device=x.device)
-        for r0 in range(0, oy, band):
-            r1 = min(oy, r0 + band)
-            rows = slice(ox * r0, ox * r1) if band < oy else None  # this band's pixel columns
-            up = up2(u, (mt + r0, mt + r1), (ml, xx - mr), s0.shape[-2:])  # (Z*B, d, rb, ox)
-            st = self.stem_proj(s0[:, :, mt + r0 : mt + r1, ml : xx - mr])
-            if check:
-                check_finite(up, "decoder", "output")
-            rb = r1 - r0
-            # column-major (B*rb*ox, Z, d): the add in the maps' own (channels-last) layout, then
-            # one transposing copy (measured twice as fast as an add that writes the transposed layout)
-            tok = (up + st).permute(0, 2, 3, 1).reshape(z, b * rb * ox, d).transpose(0, 1).contiguous()
-            n_run = len(self.blocks) - (fold is not None)
-            for blk, c in zip(self.blocks[:n_run], caches):
-                tok, w = blk(tok, zfeat, c, need_weights, check, rows, b * oy * ox)
-                if w is not None:
-                    maps.append((1, (oy, ox), w))
-            if fold is None:
-                with no_autocast(tok.device.type):  # the logits in the head's precision (fp32)
-                    lg = self.head(tok.to(self.head.weight.dtype))  # (N, Z, 1)
-            else:  # head(t + proj(a)) = head(t) + (head . proj)(a): no projection, no residual add
-                last = self.blocks[-1]
-                a = last.attn(last.ln1(tok), pos_v=last.pos_term(zfeat), cache=caches[-1],
-                              cache_rows=rows, n_rows=b * oy * ox, project_out=False)
-                lg = folded_head(tok.view(-1, d), a.reshape(-1, d), *fold)
-            logits[:, :, r0:r1] = lg.view(b, rb, ox, z).permute(0, 3, 1, 2)
-        if band < oy:
-            for c in caches:
-                if c is not None:
-                    c.commit(z)
-        return logits

@@ -8,7 +8,8 @@ weights also carry their post-processing (threshold, speck size, the probability
 read back by :func:`read_postprocessing`. A training checkpoint
 (:func:`save_checkpoint`) holds the model and optimizer tensors, with the step, config and history
 as metadata. Pickle-based checkpoints (``.pt``, ``.pth``, ``.ckpt``, ...) are refused: unpickling
-runs code from the file.
+runs code from the file (the checks on a file before its tensors are used are
+:mod:`ctpore.models.weights_checks`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch
 from ctpore.atomic import atomic_write
 from ctpore.data.postprocess import Postprocessing
 from ctpore.errors import InputError
+from ctpore.models.weights_checks import check_fit, check_safetensors
 
 __all__ = [
     "FORMAT",
@@ -44,87 +45,6 @@ __all__ = [
 ]
 
 FORMAT = "ctpore.poreformer"
-_PICKLE_SUFFIXES = {".pt", ".pth", ".ckpt", ".pkl", ".pickle"}
-_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
-
-
-def _refuse(path: Path, why: str) -> InputError:
-    """A pickle-based checkpoint (``torch.save``'s zip or a plain pickle): say how to convert it."""
-    return InputError(
-        f"is not a safetensors file ({why}); ctpore never unpickles weights (it could run "
-        "code). Convert it with ctpore.models.weights.save_weights in an environment you "
-        "trust: build PoreFormer(config), load_state_dict(torch.load(path, weights_only=True)), "
-        "then save_weights(model, 'poreformer.safetensors')",
-        path=path,
-    )
-
-
-def _not_weights(path: Path, why: str = "its first bytes are not a safetensors header") -> InputError:
-    """Neither safetensors nor a pickle checkpoint: no conversion advice applies."""
-    return InputError(f"is not a safetensors file ({why}): pass the .safetensors weights ctpore wrote",
-                      path=path)
-
-
-def _check_safetensors(path: str | Path) -> Path:
-    """Refuse what is not a readable safetensors file, with a message that says why.
-
-    Only the first bytes are looked at (nothing is unpickled): a zip archive (``torch.save``) or
-    a pickle header gets the conversion advice; anything else without a safetensors header (8-byte
-    little-endian header length, then ``{``) is called what it is, whatever its suffix.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise InputError("no such weights file", path=p)
-    if p.is_dir():
-        raise InputError("is a directory, expected a .safetensors weights file", path=p)
-    try:
-        with open(p, "rb") as fh:
-            head = fh.read(8)
-            size = p.stat().st_size
-            if head[:4] == b"PK\x03\x04":
-                raise _refuse(p, "a zip archive, as torch.save writes")
-            if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
-                raise _refuse(p, "it starts with a pickle header")
-            if not head:
-                raise _not_weights(p, "the file is empty")
-            if len(head) < 8:
-                raise _not_weights(p, f"only {len(head)} bytes long")
-            (n,) = struct.unpack("<Q", head)
-            if n < 2 or n > _MAX_HEADER or 8 + n > size or fh.read(1) != b"{":
-                if p.suffix.lower() in _PICKLE_SUFFIXES:
-                    raise _not_weights(p, f"its first bytes are neither a safetensors header nor those of "
-                                          f"a torch.save/pickle {p.suffix} checkpoint; is it damaged?")
-                raise _not_weights(p)
-    except OSError as exc:
-        raise InputError(f"cannot read the weights file ({exc.strerror})", path=p) from exc
-    return p
-
-
-def _check_fit(state: dict, expected: dict, path: Path, meta: dict | None = None, what: str = "stored config",
-               advice: str = "") -> None:
-    """One short line when the tensors of a file do not fit the model built from its config.
-
-    It says how many tensors differ, the first two (expected vs found shape), and that the
-    weights are for another model or config; never the whole list (a model has hundreds).
-    """
-    diffs = [f"missing {k}" for k in sorted(set(expected) - set(state))]
-    diffs += [f"{k}: expected {tuple(expected[k].shape)}, found {tuple(state[k].shape)}"
-              for k in sorted(set(state) & set(expected)) if tuple(state[k].shape) != tuple(expected[k].shape)]
-    diffs += [f"unexpected {k}" for k in sorted(set(state) - set(expected))]
-    if not diffs:
-        return
-    n = len(diffs)
-    shown = "; ".join(diffs[:2]) + ("; ..." if n > 2 else "")
-    written = ""
-    if meta and meta.get("ctpore_version"):
-        from ctpore.version import __version__
-
-        if meta["ctpore_version"] != __version__:
-            written = f" (written by ctpore {meta['ctpore_version']}, this is {__version__})"
-    raise InputError(f"the tensors do not fit the {what}: {n} tensor{'s' if n != 1 else ''} differ ({shown}); "
-                     f"these weights are for a different model or config{written}{advice}", path=path)
-
-
 def sha256_file(path: str | Path) -> str:
     """Hex SHA-256 of a file, read in 1 MiB blocks.
 
@@ -226,7 +146,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     """
     from safetensors import safe_open
 
-    p = _check_safetensors(path)
+    p = check_safetensors(path)
     try:
         with safe_open(str(p), framework="pt") as fh:
             meta = dict(fh.metadata() or {})
@@ -269,7 +189,8 @@ def load_model(
     """
     from safetensors.torch import load_file
 
-    from ctpore.models.poreformer import PoreFormer, PoreFormerConfig
+    from ctpore.models.poreformer import PoreFormer
+    from ctpore.models.poreformer_config import PoreFormerConfig
 
     meta = read_metadata(path)
     p = Path(path)
@@ -288,7 +209,7 @@ def load_model(
         state = load_file(str(p), device="cpu")
     except Exception as exc:
         raise InputError(f"cannot read the tensors ({exc})", path=p) from exc
-    _check_fit(state, model.state_dict(), p, meta)
+    check_fit(state, model.state_dict(), p, meta)
     model.load_state_dict(state, strict=True)
     if device is not None:
         model.to(device)
@@ -323,7 +244,7 @@ def load_unet(path: str | Path) -> torch.nn.Module:
         state = load_file(str(p), device="cpu")
     except Exception as exc:  # safetensors raises its own error types
         raise InputError(f"cannot read the tensors ({exc})", path=p) from exc
-    _check_fit(state, model.state_dict(), p, meta)
+    check_fit(state, model.state_dict(), p, meta)
     model.load_state_dict(state)
     return model.eval()
 
@@ -418,7 +339,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.O
     """Load a checkpoint into ``model`` and ``opt``; return ``(step, history, train config dict)``."""
     from safetensors import safe_open
 
-    p = _check_safetensors(path)
+    p = check_safetensors(path)
     try:
         with safe_open(str(p), framework="pt") as fh:
             meta = fh.metadata() or {}
@@ -429,7 +350,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, opt: torch.optim.O
         raise InputError("is not a ctpore training checkpoint (no step, optimizer or history metadata); "
                          "use another --run-dir or --no-resume", path=p)
     weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
-    _check_fit(weights, model.state_dict(), p, what="model of this run's config",
+    check_fit(weights, model.state_dict(), p, what="model of this run's config",
                advice="; use another --run-dir or --no-resume")
     model.load_state_dict(weights)
     state: dict = {}

@@ -8,7 +8,7 @@ metrics or error, seconds, worker, attempts, the warnings the scan raised, when 
 ``OUTDIR/batch_summary.csv``, one row per scan with its latest attempt
 (:mod:`ctpore.pipelines.batch_summary`). A scan with bad input fails alone, with its
 one-line error; the others go on. A scan whose outputs another run holds (another batch driver on
-the same manifest and folder, a ``ctpore reconstruct``: :func:`~ctpore.pipelines.outputs.claim_outputs`)
+the same manifest and folder, a ``ctpore reconstruct``: :func:`~ctpore.pipelines.claims.claim_outputs`)
 is not done here and reported as ``held`` (by whom), not failed; a scan that another run finished
 meanwhile is ``skipped``, so two drivers do every scan once. A scan whose worker died is tried again, up to ``retries``
 times. A run killed part-way loses nothing finished (every output is written whole or not at
@@ -35,135 +35,28 @@ worker come back in its record (``warnings``) for the caller to show.
 
 from __future__ import annotations
 
-import csv
 import json
-import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ctpore.errors import InputError
+from ctpore.pipelines.batch_cluster import require_cluster, start_cluster
 from ctpore.pipelines.batch_logs import quiet_dask, warning_records
+from ctpore.pipelines.batch_manifest import ScanTask, check_stem_collisions, read_manifest, select_part
 from ctpore.pipelines.batch_summary import BatchSummary
 from ctpore.pipelines.output_formats import DEFAULT_OUTPUT_FORMAT
 from ctpore.progress import ProgressFn
 
-__all__ = ["ScanTask", "read_manifest", "select_part", "run_batch", "run_task", "summarize", "require_cluster",
-           "REPORT_NAME", "STATUSES"]
+__all__ = ["run_batch", "run_task", "summarize", "REPORT_NAME", "STATUSES"]
 
 REPORT_NAME = "batch_report.jsonl"
 
 #: How a scan of a batch ends: done here, skipped (outputs complete from an earlier or another run),
 #: held (another run is writing its outputs), failed.
 STATUSES = ("done", "skipped", "held", "failed")
-
-
-def require_cluster() -> None:
-    """Refuse (:class:`InputError` with the pip command) when Dask's distributed scheduler, which
-    ``ctpore batch`` runs on (the ``cluster`` extra), is not installed."""
-    try:
-        import dask  # noqa: F401
-        import distributed  # noqa: F401
-    except ImportError as exc:
-        raise InputError(f"ctpore batch runs on Dask's distributed scheduler, which is not installed here ({exc}); "
-                         "install it with: pip install 'dask[distributed]>=2024.1' (or install ctpore with its "
-                         "cluster extra: pip install '.[cluster]' in its folder)") from None
-
-
-@dataclass(frozen=True)
-class ScanTask:
-    """One scan of a manifest: its path, optional label, slice axis and sample mask, and its row
-    (1-based)."""
-
-    scan: str
-    label: Optional[str] = None
-    slice_axis: Optional[int] = None
-    row: int = 0
-    mask: Optional[str] = None
-
-
-def _resolve(base: Path, value: str) -> str:
-    p = Path(value.strip()).expanduser()
-    return str(p if p.is_absolute() else (base / p))
-
-
-def read_manifest(path: str | os.PathLike) -> list[ScanTask]:
-    """The scans of a manifest: a text file of paths (one a line; ``#`` comments) or a CSV file
-    with a ``scan`` column and optional ``label``, ``slice_axis`` and ``mask`` (the sample mask,
-    1 = sample; without one the sample is found) columns. Relative paths are relative to the
-    manifest's folder.
-
-    Raises
-    ------
-    InputError
-        For a missing or empty manifest, a CSV without a ``scan`` column, a bad slice axis or a
-        listed path that does not exist (all before any work).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("no such manifest file" if not path.exists() else "the manifest is not a file", path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the manifest ({exc})", path) from None
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise InputError("the manifest lists no scans", path)
-    base = path.parent
-    tasks: list[ScanTask] = []
-    is_csv = path.suffix.lower() == ".csv" or "," in lines[0]
-    if is_csv:
-        rows = list(csv.DictReader(lines))
-        fields = [f.strip().lower() for f in (csv.DictReader(lines[:1]).fieldnames or [])]
-        if "scan" not in fields:
-            raise InputError(f"a CSV manifest needs a 'scan' column; its header is {', '.join(fields) or '(empty)'}",
-                             path)
-        for i, row in enumerate(rows, start=2):
-            row = {(k or "").strip().lower(): (v or "").strip() for k, v in row.items()}
-            if not row.get("scan"):
-                raise InputError(f"row {i} has no scan path", path)
-            axis = row.get("slice_axis") or None
-            if axis is not None and axis not in ("0", "1", "2"):
-                raise InputError(f"row {i}: slice_axis must be 0, 1 or 2, got {axis!r}", path)
-            label, mask = row.get("label") or None, row.get("mask") or None
-            tasks.append(ScanTask(_resolve(base, row["scan"]), _resolve(base, label) if label else None,
-                                  None if axis is None else int(axis), i, _resolve(base, mask) if mask else None))
-    else:
-        tasks = [ScanTask(_resolve(base, ln), row=i) for i, ln in enumerate(lines, start=1)]
-    for t in tasks:
-        for p in (t.scan, t.label, t.mask):
-            if p is not None and not Path(p).exists():
-                raise InputError(f"row {t.row}: {p} does not exist", path)
-    return tasks
-
-
-def select_part(tasks: list[ScanTask], part: str | None) -> list[ScanTask]:
-    """The share ``I/N`` of the tasks (every N-th from the I-th, 1-based): the same split on every
-    node of a job array, whatever order the nodes start in."""
-    if part is None:
-        return tasks
-    try:
-        i, n = (int(v) for v in part.split("/"))
-    except ValueError:
-        raise InputError(f"--part must be I/N with 1 <= I <= N, like 2/8; got {part!r}") from None
-    if not 1 <= i <= n:
-        raise InputError(f"--part must be I/N with 1 <= I <= N, like 2/8; got {part!r}")
-    return [t for k, t in enumerate(tasks) if k % n == i - 1]
-
-
-def _stem_collisions(tasks: list[ScanTask], manifest: Path) -> None:
-    from ctpore.data.io import output_stem
-
-    seen: dict[str, ScanTask] = {}
-    for t in tasks:
-        stem = output_stem(t.scan)
-        if stem in seen:
-            raise InputError(f"rows {seen[stem].row} and {t.row} would both write {stem}_*: output names must "
-                             "differ (rename one scan, or run them into different folders)", manifest)
-        seen[stem] = t
 
 
 def _options_key(options: dict, weights_sha: Optional[str]) -> dict:
@@ -203,7 +96,8 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
     with the error). The scan's outputs are claimed before they are checked again and written."""
     import socket
 
-    from ctpore.pipelines.outputs import OutputsHeld, claim_outputs, output_paths
+    from ctpore.pipelines.claims import OutputsHeld, claim_outputs
+    from ctpore.pipelines.outputs import output_paths
     from ctpore.pipelines.reconstruct import reconstruct_file
 
     t0 = time.perf_counter()
@@ -279,54 +173,6 @@ class _Report:
                 _lock(fh, False)
 
 
-def _cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int, verbose: bool = False):
-    """``(client, cluster or None, gpu)``: a client of the given scheduler or of a local cluster
-    (whose workers log at WARNING, INFO when ``verbose``)."""
-    import dask
-    from distributed import Client, LocalCluster
-
-    if scheduler:
-        client = Client(scheduler, timeout="30s")
-        info = client.scheduler_info()
-        gpu = any("GPU" in (w.get("resources") or {}) for w in info.get("workers", {}).values())
-        return client, None, gpu
-    gpus = _cuda_count()
-    dask.config.set({"distributed.scheduler.allowed-failures": 0})  # this module retries worker deaths
-    quiet = {"silence_logs": logging.INFO if verbose else logging.WARNING}
-    if gpus:
-        try:
-            from dask_cuda import LocalCUDACluster
-
-            cluster = LocalCUDACluster(host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                       resources={"GPU": 1}, threads_per_worker=1, **quiet)
-        except ImportError:
-            cluster = LocalCluster(n_workers=max(1, gpus // max(1, gpus_per_worker)), threads_per_worker=1,
-                                   processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                   resources={"GPU": gpus_per_worker}, **quiet)
-    else:
-        # One scan at a time per worker; the cores shared among the workers for torch's own threads
-        # (Dask would give each worker process one thread: one worker would use one core).
-        cores = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-                    // workers)
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address="127.0.0.1:0",
-                               env={"OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": str(cores)}, **quiet)
-    return Client(cluster), cluster, bool(gpus)
-
-
-def _cuda_count() -> int:
-    """GPUs visible here, without making a CUDA context in this process."""
-    import subprocess
-    import sys
-
-    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        return int(out.stdout.strip() or 0)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return 0
-
-
 def run_batch(
     manifest: str | os.PathLike,
     outdir: str | os.PathLike,
@@ -381,7 +227,7 @@ def run_batch(
     if workers < 1 or retries < 0 or gpus_per_worker < 1:
         raise InputError("--workers and --gpus-per-worker must be >= 1 and --retries >= 0")
     tasks = select_part(read_manifest(manifest), part)
-    _stem_collisions(tasks, manifest)
+    check_stem_collisions(tasks, manifest)
     method = resolve_method(options.get("method", "auto"), options.get("weights"))
     weights_sha = None
     spec = get_method(method)
@@ -392,7 +238,8 @@ def run_batch(
         weights_sha = sha256_file(wpath)
     options["method"] = method
     key = _options_key(options, weights_sha)
-    from ctpore.pipelines.outputs import check_outputs, clear_stale_lock, make_outdir, output_paths
+    from ctpore.pipelines.claims import clear_stale_lock
+    from ctpore.pipelines.outputs import check_outputs, make_outdir, output_paths
 
     check_outputs(manifest, outdir, overwrite=True)  # a writable place, before any work
     make_outdir(outdir)
@@ -437,7 +284,7 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
     """The scans ``todo`` on the cluster: each result to ``ended`` as it comes, a dead worker's scan again."""
     from distributed import as_completed
 
-    client, cluster, gpu = _cluster(scheduler, workers, gpus_per_worker, verbose)
+    client, cluster, gpu = start_cluster(scheduler, workers, gpus_per_worker, verbose)
     try:
         result["dashboard"] = getattr(client, "dashboard_link", None)
         if on_start is not None:
@@ -486,8 +333,11 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
 def summarize(records: list[dict]) -> dict:
     """Counts per status and, over the scans with a label, the mean MSE, Dice and Euler error."""
     out: dict[str, Any] = {s: sum(r["status"] == s for r in records) for s in STATUSES}
-    scored = [r["metrics"] for r in records if r.get("metrics") and "dice" in r["metrics"]]
-    for k in ("mse", "dice", "euler_error_rel"):
+    from ctpore.data.metrics import summary_keys
+
+    keys = summary_keys("truth")  # the headline comparisons with a label
+    scored = [r["metrics"] for r in records if r.get("metrics") and all(k in r["metrics"] for k in keys)]
+    for k in keys:
         if scored:
             out[f"mean_{k}"] = sum(m[k] for m in scored) / len(scored)
     return out

@@ -18,15 +18,21 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ctpore.data.metrics import summary_keys
 from ctpore.atomic import atomic_write
-from ctpore.pipelines.outputs import remove_orphan_temps
+from ctpore.pipelines.claims import remove_orphan_temps
 
-__all__ = ["SUMMARY_NAME", "COLUMNS", "BatchSummary", "latest_records"]
+__all__ = ["SUMMARY_NAME", "columns", "BatchSummary", "latest_records"]
 
 SUMMARY_NAME = "batch_summary.csv"
-#: The summary's columns: the scan, how its latest attempt ended, and its figures.
-COLUMNS = ("scan", "status", "attempts", "seconds", "porosity", "euler_number", "n_pores",
-           "connectivity_density_per_mm3", "mse", "dice", "euler_error_rel", "error", "warnings", "worker", "ended")
+
+
+def columns() -> tuple[str, ...]:
+    """The summary's columns: the scan, how its latest attempt ended, and its figures: the
+    registry's headline metrics (:func:`~ctpore.data.metrics.summary_keys`, so a metric registered
+    with ``summary=True`` reaches the summary), the density per voxel³ where a scan has no units."""
+    return ("scan", "status", "attempts", "seconds", *summary_keys(), "connectivity_density_per_voxel3",
+            "error", "warnings", "worker", "ended")
 
 
 def _newer(old: dict | None, rec: dict) -> bool:
@@ -70,7 +76,7 @@ def latest_records(report: str | os.PathLike) -> dict[str, dict]:
 
 def _row(rec: dict) -> dict[str, Any]:
     m = rec.get("metrics") or {}
-    row = {k: m.get(k, "") for k in COLUMNS if k in m}
+    row = {k: m.get(k, "") for k in columns() if k in m}
     row.update(scan=rec["scan"], status=rec.get("status", ""), attempts=rec.get("attempts", ""),
                seconds=rec.get("seconds", ""), error=rec.get("error", rec.get("reason", "")),
                warnings=" | ".join(w.get("message", "") for w in rec.get("warnings") or []),
@@ -108,7 +114,7 @@ class BatchSummary:
         to the report since it was last read (another driver's among them) taken in."""
         self._read = _read_report(self.report, self.latest, self._read)
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer = csv.DictWriter(buf, fieldnames=columns(), extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         for rec in self.latest.values():
             writer.writerow(_row(rec))

@@ -7,11 +7,12 @@ slabs, and so the same output bits, from the command line, a batch worker or a n
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from ctpore.data.postprocess import whole_slab
 
-__all__ = ["BASE_BYTES", "BASE_BYTES_CUDA", "MODEL_BYTES_DEFAULT", "slab_bytes", "plan_budget"]
+__all__ = ["BASE_BYTES", "BASE_BYTES_CUDA", "MODEL_BYTES_DEFAULT", "RunPlan", "slab_bytes", "plan_budget", "plan_run"]
 
 #: What the process holds before any scan: Python, PyTorch, the model and the libraries (about
 #: 0.25 GB measured on the project's CPU machine; a margin on top).
@@ -54,3 +55,40 @@ def plan_budget(shape: tuple[int, int, int], memory_gb: Optional[float], device=
     budget = memory_gb * 2**30 - (BASE_BYTES_CUDA if cuda else BASE_BYTES) - MARGIN_BYTES
     slab = max(1, min(shape[0], 64, int(budget * 0.25) // max(1, slab_bytes(shape[1:], 1))))
     return slab, budget - slab_bytes(shape[1:], slab)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How one run of a predictor on one scan is laid out (:func:`plan_run`).
+
+    Attributes
+    ----------
+    slab : int
+        Slices per post-processing slab.
+    model_bytes : float
+        The predictor's share of the host memory budget.
+    tile, chunk_slices : int or None
+        The in-plane tile and the slices per chunk (the user's where given, else the predictor's
+        plan; None where the predictor has neither).
+    """
+
+    slab: int
+    model_bytes: float
+    tile: Optional[int]
+    chunk_slices: Optional[int]
+
+
+def plan_run(shape: tuple[int, int, int], predictor: Any, memory_gb: Optional[float] = None,
+             gpu_memory_gb: Optional[float] = None, *, tile: Optional[int] = None,
+             chunk_slices: Optional[int] = None, precision: str = "auto") -> RunPlan:
+    """The one plan of a run: the reconstruction follows it and the disk estimate reads it, so the
+    two cannot decide differently. ``predictor`` is a
+    :class:`~ctpore.pipelines.methods.Predictor`; its :meth:`plan` is asked only for what the
+    user left unset."""
+    slab, model_bytes = plan_budget(shape, memory_gb, predictor.device)
+    if tile is None or chunk_slices is None:
+        planned = predictor.plan(shape, model_bytes, gpu_memory_gb, precision=precision)
+        if planned is not None:
+            tile = planned[0] if tile is None else tile
+            chunk_slices = planned[1] if chunk_slices is None else chunk_slices
+    return RunPlan(slab, model_bytes, tile, chunk_slices)

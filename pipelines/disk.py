@@ -114,26 +114,21 @@ def check_tmp_dir(tmp_dir: Optional[PathLike]) -> Optional[Path]:
 
 
 def copy_made(scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
-              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None, precision: str = "auto") -> bool:
-    """Whether a run of ``predictor`` on ``scan`` makes the temporary uncompressed copy of the scan,
-    decided as ``run_reconstruction`` decides it: a tiled predictor (it has a halo), a format that
-    cannot read windows, and a plane that takes several tiles (the tile from ``tile``, else from
-    the predictor's plan for the memory budget)."""
-    halo = getattr(predictor, "halo", None)
-    if halo is None or getattr(scan, "windowed", True):
+              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None,
+              chunk_slices: Optional[int] = None, precision: str = "auto") -> bool:
+    """Whether a run of ``predictor`` on ``scan`` makes the temporary uncompressed copy of the scan:
+    a tiled predictor (it has a halo), a format that cannot read windows, and a plane that takes
+    several tiles of the run's plan (:func:`~ctpore.pipelines.budget.plan_run`, the plan the run
+    itself follows)."""
+    if predictor.halo is None or getattr(scan, "windowed", True):
         return False
+    from ctpore.pipelines.budget import plan_run
+    from ctpore.pipelines.stream_plan import plan_tiles
+
     shape = tuple(int(s) for s in scan.shape)
-    if tile is None:
-        plan = getattr(predictor, "plan", None)
-        if plan is None:
-            return False
-        from ctpore.pipelines.budget import plan_budget
-
-        _slab, model_budget = plan_budget(shape, memory_gb, getattr(predictor, "device", None))
-        tile = plan(shape, model_budget, gpu_memory_gb, precision=precision)[0]
-    from ctpore.pipelines.stream import plan_tiles
-
-    return len(plan_tiles(shape[1], shape[2], tile, halo)) > 1
+    tile = plan_run(shape, predictor, memory_gb, gpu_memory_gb, tile=tile, chunk_slices=chunk_slices,
+                    precision=precision).tile
+    return tile is not None and len(plan_tiles(shape[1], shape[2], tile, predictor.halo)) > 1
 
 
 def has_outside(scan: Any, sample: Any = "auto") -> bool:
@@ -254,14 +249,14 @@ class DiskGuard:
         self.needs: list[Need] = []
 
     def check(self, scan: Any, predictor: Any, *, memory_gb: Optional[float] = None,
-              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None, sample: Any = "auto",
-              precision: str = "auto") -> list[Need]:
+              gpu_memory_gb: Optional[float] = None, tile: Optional[int] = None,
+              chunk_slices: Optional[int] = None, sample: Any = "auto", precision: str = "auto") -> list[Need]:
         """Estimate what the run of ``predictor`` on ``scan`` (with ``sample``) writes and refuse
         (:func:`check_disk`) when it does not fit; returns the estimate."""
         from ctpore.data.io.write import spools
 
         copy = copy_made(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile,
-                         precision=precision)
+                         chunk_slices=chunk_slices, precision=precision)
         self.needs = run_needs(scan.shape, self.paths, tmp_dir=self.tmp_dir, copy=copy, spool=spools(scan.geometry),
                                outside=has_outside(scan, sample))
         check_disk(self.needs)

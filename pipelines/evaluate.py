@@ -9,13 +9,8 @@ import numpy as np
 
 from ctpore.errors import InputError
 from ctpore.data.io import load_scan, read_label, read_volume
-from ctpore.data.metrics import MetricsAccumulator, check_binary
+from ctpore.data.metrics import MSE_OF_BINARY, MSE_OF_PROBABILITY, MetricsAccumulator, check_binary
 from ctpore.data.postprocess import whole_slab
-
-#: ``mse_of`` when the MSE is of the probability map (the MSE of the metrics files and benchmarks).
-MSE_OF_PROBABILITY = "probability"
-#: ``mse_of`` when no probability map was given: the MSE of the 0/1 volume, which is 1 - accuracy.
-MSE_OF_BINARY = "binary pores"
 
 
 def evaluate(pred, truth, prob=None, spacing_mm=(1.0, 1.0, 1.0)) -> dict:

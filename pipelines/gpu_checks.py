@@ -21,7 +21,7 @@ Steps
 ``model``        the shipped model on a simulated scan: each backend in bf16 (the real autocast
                  path of ``predict``) against the math path in fp32 with TF32 off, same bound.
 ``speed``        the model alone on a random volume with the plan ``reconstruct`` would take on
-                 this device (:func:`~ctpore.pipelines.stream.plan_for_device`): voxels per second,
+                 this device (:func:`~ctpore.pipelines.stream_plan.plan_for_device`): voxels per second,
                  the GPU's peak memory against the estimate.
 """
 
@@ -315,7 +315,9 @@ def model_agreement(args: dict) -> dict:
 def model_speed(args: dict) -> dict:
     """The model alone (``predict``, input in memory) with the plan this device gets."""
     from ctpore.models.weights import default_weights_path, load_model
-    from ctpore.pipelines.stream import plan_for_device, plan_tiles, precision_name, predict
+    from ctpore.pipelines.stream_plan import plan_for_device, plan_tiles
+    from ctpore.pipelines.precision import precision_name
+    from ctpore.pipelines.stream import predict
 
     dev = torch.device(args["device"])
     shape = tuple(int(s) for s in args.get("shape", (256, 1024, 1024)))

@@ -168,7 +168,7 @@ def head_summary(
     import torch
 
     from ctpore.data.normalize import NormalizedVolume, intensity_range
-    from ctpore.pipelines.stream import plan_tiles
+    from ctpore.pipelines.stream_plan import plan_tiles
 
     model, post, volume, opened = open_inputs(scan, weights, slice_axis)
     pvol, p_opened = None, False

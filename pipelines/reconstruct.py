@@ -24,9 +24,7 @@ all, the metrics last.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -37,19 +35,13 @@ from ctpore.atomic import write_json_atomic
 from ctpore.data.io import Geometry, Scan, geometry_from_array, load_scan
 from ctpore.data.io.formats import optional_import
 from ctpore.data.io.omezarr_write import remove_tree
-from ctpore.data.metrics import MetricsAccumulator
-from ctpore.data.rim import RimCheck, clear_rim
-from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
-from ctpore.errors import CtporeWarning, InputError
-from ctpore.pipelines.budget import plan_budget
+from ctpore.errors import InputError
 from ctpore.pipelines.methods import get_method, resolve_method
-from ctpore.pipelines.outputs import (check_outputs, claim_run, finish_metrics, other_format_outputs, output_paths,
-                                     output_set, run_fields)
+from ctpore.pipelines.claims import claim_run
+from ctpore.pipelines.outputs import (check_outputs, finish_metrics, other_format_outputs, output_paths, output_set)
 from ctpore.pipelines.output_formats import DEFAULT_OUTPUT_FORMAT, OUTPUT_FORMATS
-from ctpore.pipelines.sample_mask import prepare_sample
-from ctpore.pipelines.sample_picture import write_sample_picture
-from ctpore.pipelines.sinks import ArraySink, FileSink, TruthSlabs
-from ctpore.pipelines.spill import windowed
+from ctpore.pipelines.reconstruct_run import run_reconstruction
+from ctpore.pipelines.sinks import ArraySink, FileSink
 from ctpore.progress import ProgressFn
 
 __all__ = ["DEFAULTS", "Reconstruction", "reconstruct", "reconstruct_file", "resolve_method", "build_predictor",
@@ -110,183 +102,6 @@ def build_predictor(method: str, weights: Optional[PathLike] = None, device: str
     """The predictor of ``method`` (``auto`` resolved), its weights loaded."""
     spec = get_method(resolve_method(method, weights))
     return spec.factory(weights=weights, device=device, attention_backend=attention_backend)
-
-
-# -- the pipeline ------------------------------------------------------------------------------
-
-
-def run_reconstruction(
-    volume: Any,
-    geometry: Geometry,
-    predictor: Any,
-    sink: Any,
-    *,
-    folder: Optional[PathLike] = None,
-    truth: Any = None,
-    slice_axis: Optional[int] = None,
-    memory_gb: Optional[float] = None,
-    chunk_slices: Optional[int] = None,
-    tile: Optional[int] = None,
-    precision: str = "auto",
-    min_pore_voxels: Optional[int] = None,
-    gpu_memory_gb: Optional[float] = None,
-    sample: Any = "auto",
-    source: str = "the scan",
-    progress: ProgressFn = None,
-    sample_margin: int = 0,
-) -> dict:
-    """The pipeline every entry runs (see the module docstring); returns the metrics.
-
-    Parameters
-    ----------
-    volume : Scan or ndarray
-        The scan, ``(Z, Y, X)``.
-    geometry : Geometry
-    predictor : Predictor
-        From :func:`build_predictor`.
-    sink : object
-        Where the outputs go (the arrays of :func:`reconstruct`, the files of :func:`reconstruct_file`).
-    folder : path, optional
-        Where temporary volumes wait (the output folder; None: the system's temporary folder).
-    truth : path or ndarray, optional
-        Ground-truth pores: adds the comparisons to the metrics.
-    memory_gb : float, optional
-        Budget of the run's working memory (the arrays an in-memory run returns come on top);
-        None: the predictor's own working memory within 1 GB and slabs of about 8 M voxels.
-    min_pore_voxels : int, optional
-        A size rule of the user's on top of the method's post-processing.
-    gpu_memory_gb : float, optional
-        On CUDA, the most GPU memory (GB) the tiles and chunks may take (default: the GPU's free
-        memory less a margin); ``memory_gb`` then bounds the host.
-    sample : {"auto", "all"}, path or ndarray
-        Which voxels are the sample (:func:`~ctpore.pipelines.sample_mask.prepare_sample`): every
-        figure is of the sample only, and no pore lies outside it.
-    source : str
-        How warnings name the scan.
-    sample_margin : int
-        Erode the sample by this many voxels within each slice (a damaged rim).
-    """
-    shape = tuple(int(s) for s in geometry.shape)
-    slab, model_budget = plan_budget(shape, memory_gb, getattr(predictor, "device", None))
-    plan = getattr(predictor, "plan", None)
-    if plan is not None and (tile is None or chunk_slices is None):
-        plan_tile, plan_chunk = plan(shape, model_budget, gpu_memory_gb, precision=precision)
-        tile = plan_tile if tile is None else tile
-        chunk_slices = plan_chunk if chunk_slices is None else chunk_slices
-    post = predictor.post.with_user_rules(min_pore_voxels)
-    info = dict(predictor.info)
-    folder = Path(folder) if folder is not None else Path(tempfile.gettempdir())
-    truth_reader = TruthSlabs(truth, geometry, slice_axis) if truth is not None else None
-    acc = MetricsAccumulator(shape, geometry.spacing_mm, truth=truth_reader is not None)
-    clipped = 0
-    smask = None
-    stages: dict = {}
-    picture: dict = {}
-    rim = RimCheck()
-    clock = [time.perf_counter()]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        stages[name] = round(stages.get(name, 0.0) + now - clock[0], 3)
-        clock[0] = now
-
-    try:
-        smask = prepare_sample(volume, geometry, sample, folder, source, progress, margin=sample_margin)
-        outside = smask.outside
-        lap("sample")
-        lo, hi = robust_range(volume, outside=outside)
-        lap("intensity_range")
-        with sink.raw(folder) as raw:
-            if has_contrast(lo, hi):
-                halo = getattr(predictor, "halo", None)
-                tiled = isinstance(volume, Scan) and halo is not None and tile is not None and outside is None
-                reading = (windowed(volume, folder, shape, tile, halo, progress) if tiled
-                           else smask.filled(volume, folder, progress))
-                with reading as src:
-                    lap("sample" if outside is not None and not tiled else "reading")  # the outside filled
-                    view = NormalizedVolume(src, lo, hi)
-                    info.update(predictor.predict(view, raw, budget_bytes=model_budget, progress=progress,
-                                                  chunk_slices=chunk_slices, tile=tile, precision=precision))
-                    clipped = view.clipped_voxels(progress)  # counted (and said) only when values were clipped
-            else:  # nothing to see: no pores, said in a warning
-                warn_no_contrast(lo)
-                for a in range(0, shape[0], slab):
-                    b = min(shape[0], a + slab)
-                    raw[a:b, 0:shape[1], 0:shape[2]] = np.zeros((b - a, *shape[1:]), np.float32)
-
-            def read(a: int, b: int) -> np.ndarray:
-                prob = sink.read(raw, a, b)
-                if outside is not None:  # outside the sample: certainly not pore; nor the surface's rim
-                    clear_rim(prob, np.asarray(smask.codes[a:b]))
-                return prob
-
-            middle = shape[0] // 2  # the sample picture's slice
-
-            def on_slab(a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> None:
-                inside = smask.inside(a, b)
-                if inside is not None and a <= middle < b:
-                    picture["inside"] = inside[middle - a].copy()
-                if inside is not None and smask.fit is not None:  # every 8th slice of a found sample
-                    for z in range(a + (-a) % 8, b, 8):
-                        rim.add(pores[z - a], np.asarray(smask.codes[z:z + 1])[0])
-                sink.write(a, b, pores, prob, inside)
-                acc.add(pores, prob, truth_reader.slab(a, b) if truth_reader is not None else None, inside)
-
-            lap("predict")
-            with sink.open(with_sample=outside is not None):
-                post.run(read, shape, slab, on_slab, progress)
-            if "inside" in picture and getattr(sink, "paths", None) is not None:
-                grey = np.asarray(volume[middle: middle + 1], np.float32)[0]
-                write_sample_picture(sink.paths["sample_png"], grey, picture["inside"], lo, hi)
-            lap("postprocess_and_write")
-    finally:
-        if truth_reader is not None:
-            truth_reader.close()
-        if smask is not None:
-            smask.close()
-    metrics = acc.result()
-    metrics.update(run_fields(shape, geometry, predictor.name, info))
-    metrics["clipped_voxels"] = clipped
-    if truth_reader is not None:
-        # the thresholding methods have no probability: their MSE is of the 0/1 pores (1 - accuracy)
-        metrics["mse_of"] = "binary pores" if post.binary else "probability"
-    metrics["postprocessing"] = post.describe()
-    metrics["sample_voxels"] = acc.n_sample
-    metrics["sample"] = smask.info
-    if smask.fit is not None and smask.fit.has_outside:
-        check = rim.result()
-        metrics["sample"]["rim_check"] = check
-        if check["differs"]:
-            metrics["sample"]["confident"] = False
-            warnings.warn(f"{source}: the found sample's outer voxels differ from its inside (porosity "
-                          f"{check['shell_porosity']:.3f} a few voxels under its surface, "
-                          f"{check['inside_porosity']:.3f} inside): a container wall or an air gap may be counted "
-                          "as sample; check "
-                          "<stem>_sample.png, drop a rim with --sample-margin N, or give your own mask (--sample MASK)",
-                          CtporeWarning, stacklevel=2)
-    metrics["porosity_if_region_is_pore"] = _if_region_is_pore(metrics, acc, smask, source)
-    metrics["stage_seconds"] = stages
-    return metrics
-
-
-def _if_region_is_pore(metrics: dict, acc: MetricsAccumulator, smask, source: str) -> float:
-    """The porosity as it would be if the region the found sample left out (neither a field of
-    view's constant outside nor a container's wall) were pore: (pore voxels + region) / (sample
-    voxels + region), with no second pass of the model. When the shape behind it did not fit with
-    confidence, a warning gives it beside the share of the scan at stake."""
-    region = int(smask.info.get("region_voxels", 0))
-    n = acc.n_sample
-    pores = float(metrics["porosity"]) * n
-    alt = (pores + region) / (n + region) if n + region else 0.0
-    fit = smask.fit
-    if region and fit is not None and not fit.confident:  # (the rim check warns on its own)
-        total = int(np.prod(acc.shape))
-        warnings.warn(f"{source}: the sample's outside is uncertain ({smask.info['found']}): "
-                      f"{100.0 * region / max(total, 1):.1f}% of the scan, a dark region joined to the border, "
-                      f"was left out; the porosity is {metrics['porosity']:.4f}, and would be {alt:.4f} if that "
-                      "region were pore; check the sample mask (<stem>_sample.nii.gz, .png) or give your own "
-                      "(--sample MASK)", CtporeWarning, stacklevel=3)
-    return float(alt)
 
 
 def _finish(metrics: dict, geometry: Geometry, source: str, t0: float) -> dict:
@@ -364,7 +179,9 @@ def reconstruct(
         Budget of the run's working memory in GB (the arrays returned come on top): tiles, chunks
         and slabs follow from it. Default: the model's working memory within 1 GB.
     precision : {"auto", "fp32", "bf16", "fp16"}
-        ``auto``: bf16 autocast on CUDA (so FlashAttention runs), fp32 on CPU.
+        ``auto``: bf16 autocast on CUDA (so FlashAttention runs); on a CPU that multiplies bf16 in
+        hardware (AVX512-BF16, AMX) a bf16 copy of the model; fp32 on other CPUs
+        (:mod:`ctpore.pipelines.precision`).
     attention_backend : {"auto", "flash", "sdpa", "math"}, optional
         Override the attention backend stored with the weights (the metrics report the one
         that ran).
@@ -440,7 +257,7 @@ def reconstruct_file(
     within ``memory_gb`` for the whole process, whatever the scan's size.
 
     ``annotate``: extra keys for the metrics file (``ctpore batch`` records its options there).
-    ``tmp_dir``: where the temporary files go (default: the output folder; :func:`~.outputs.claim_run`).
+    ``tmp_dir``: where the temporary files go (default: the output folder; :func:`~.claims.claim_run`).
     ``output_format``: ``"nifti"`` (``.nii.gz``) or ``"ome-zarr"`` (multiscale ``.ome.zarr`` stores,
     :mod:`ctpore.data.io.omezarr_write`); an earlier run's volumes of the stem in the other format
     are removed when this run's are whole.
@@ -464,8 +281,8 @@ def reconstruct_file(
     with claim_run(paths, overwrite, tmp_dir) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
         if predictor is None:
             predictor = build_predictor(method, weights, device, attention_backend)
-        disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile, sample=sample,
-                   precision=precision)
+        disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile,
+                   chunk_slices=chunk_slices, sample=sample, precision=precision)
         with output_set(paths):
             metrics = run_reconstruction(
                 scan, scan.geometry, predictor, FileSink(paths, scan.geometry), folder=disk.folder,

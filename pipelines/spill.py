@@ -120,7 +120,7 @@ def windowed(scan: Scan, folder: Path, shape, tile: int, halo: int, progress: Pr
     uncompressed copy beside the outputs (nameless, so nothing is left behind): each tile streams
     through every slice, and reading a window of the copy costs only that window (a ``.nii.gz``
     would be decompressed again for every tile)."""
-    from ctpore.pipelines.stream import plan_tiles
+    from ctpore.pipelines.stream_plan import plan_tiles
 
     if scan.windowed or len(plan_tiles(shape[1], shape[2], tile, halo)) == 1:
         yield scan

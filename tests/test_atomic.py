@@ -59,7 +59,7 @@ def test_a_killed_writers_owned_temp_is_removed_and_a_live_ones_kept(tmp_path, m
 
     from ctpore.atomic import host_tag, owner_tag, parse_owner
     from ctpore.pipelines.batch_summary import BatchSummary
-    from ctpore.pipelines.outputs import remove_orphan_temps
+    from ctpore.pipelines.claims import remove_orphan_temps
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # reaped: its pid names no process
@@ -92,7 +92,7 @@ def test_a_killed_writers_owned_temp_is_removed_and_a_live_ones_kept(tmp_path, m
 
 def test_owned_temporaries_are_named_as_the_cleanup_looks_for_them(tmp_path):
     from ctpore.atomic import host_tag, parse_owner, temp_parts
-    from ctpore.pipelines.outputs import remove_orphan_temps
+    from ctpore.pipelines.claims import remove_orphan_temps
 
     assert temp_parts("scan.nii.gz") == ("scan", ".nii.gz")
     assert temp_parts("batch_summary.csv") == ("batch_summary", ".csv")

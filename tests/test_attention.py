@@ -12,7 +12,8 @@ import torch
 
 from ctpore.errors import InputError, NonFiniteError
 from ctpore.models.kv_cache import KVCache
-from ctpore.models.attention import MultiHeadAttention, attention_entropy, causal_mask, check_finite
+from ctpore.models.attention import MultiHeadAttention, attention_entropy, check_finite
+from ctpore.models.attention_dispatch import causal_mask
 from ctpore.models.backends import flash_available, resolve_backend
 
 D_MODEL, N_HEADS = 32, 4  # head size 8 (flash-attn needs a multiple of 8)

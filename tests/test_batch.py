@@ -17,7 +17,8 @@ import pytest
 
 from ctpore.app.cli import main
 from ctpore.data.synthetic import make_pair
-from ctpore.pipelines.batch import REPORT_NAME, read_manifest, run_batch, select_part
+from ctpore.pipelines.batch import REPORT_NAME, run_batch
+from ctpore.pipelines.batch_manifest import read_manifest, select_part
 
 pytest.importorskip("distributed")
 

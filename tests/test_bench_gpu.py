@@ -100,7 +100,7 @@ def test_the_gpu_checks_run_here_on_cpu_and_measure_what_they_say(capsys, no_win
     compare PyTorch's kernels (sdpa, flash, math), so ctpore's CPU-only C kernel is off (it never
     runs on CUDA)."""
     from ctpore.pipelines import gpu_checks as C
-    from ctpore.pipelines.stream import precision_name
+    from ctpore.pipelines.precision import precision_name
 
     C.main(["versions", '{"device": "cpu"}'])
     v = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from ctpore.app import cli as cli_mod
-from ctpore.app.cli import _Progress, cli
+from ctpore.app import console as cli_console
+from ctpore.app.cli import cli
+from ctpore.app.console import Progress as _Progress
 from ctpore.errors import InputError
 from ctpore.models import PoreFormer
 from ctpore.models.weights import (
@@ -327,7 +328,7 @@ def test_every_option_has_help_and_shows_its_default():
 def test_shown_defaults_are_the_configured_ones():
     from ctpore.pipelines.reconstruct import DEFAULTS
 
-    for key, shown in cli_mod._SHOWN_DEFAULTS.items():
+    for key, shown in cli_console.SHOWN_DEFAULTS.items():
         assert shown == str(DEFAULTS[key]), key
     assert f"--memory-gb (default {DEFAULTS['memory_gb']} GB)" in " ".join(cli.commands["reconstruct"].help.split())
 

@@ -35,8 +35,9 @@ from ctpore.errors import InputError
 from ctpore.pipelines import disk as disk_mod
 from ctpore.pipelines import reconstruct as reconstruct_mod
 from ctpore.pipelines.disk import gzip_bound, peaks, run_needs
-from ctpore.pipelines.outputs import (LOCK_STALE_S, OutputsHeld, claim_outputs, lock_path, output_paths,
-                                      read_lock)
+from ctpore.pipelines.claims import LOCK_STALE_S, OutputsHeld, claim_outputs, lock_path, read_lock
+from ctpore.pipelines.outputs import output_paths
+from ctpore.pipelines.methods import Untiled
 
 SHAPE = (24, 40, 36)  # (Z, Y, X)
 
@@ -179,10 +180,10 @@ def test_the_estimate_names_the_temporaries_a_run_makes(tmp_path, tiny_weights, 
     assert {n.what for n in estimated if n.what.endswith(" output")} == {f"{k} output" for k in written}
 
 
-class RandomProbability:
+class RandomProbability(Untiled):
     """A predictor whose probabilities are uniform noise: what gzip shrinks least."""
 
-    name, streams = "random", True
+    name = "random"
 
     def __init__(self):
         from ctpore.data.postprocess import Postprocessing
@@ -481,7 +482,8 @@ def test_two_reconstructs_of_one_scan_one_works_the_other_exits_2_at_once(tmp_pa
 
 
 def test_batch_reports_a_scan_another_run_holds_and_one_it_finished(tmp_path, scan_file, live_pid):
-    from ctpore.pipelines.batch import ScanTask, run_task
+    from ctpore.pipelines.batch_manifest import ScanTask
+    from ctpore.pipelines.batch import run_task
 
     out = tmp_path / "out"
     key = {"method": "otsu", "weights_sha256": None, "precision": None, "device_type": "cpu"}
@@ -498,8 +500,9 @@ def test_batch_reports_a_scan_another_run_holds_and_one_it_finished(tmp_path, sc
 
 
 def test_batch_clears_the_stale_lock_of_a_scan_it_skips_as_done(tmp_path, scan_file, live_pid):
-    from ctpore.pipelines.batch import ScanTask, run_task
-    from ctpore.pipelines.outputs import clear_stale_lock
+    from ctpore.pipelines.batch_manifest import ScanTask
+    from ctpore.pipelines.batch import run_task
+    from ctpore.pipelines.claims import clear_stale_lock
 
     out = tmp_path / "out"
     key = {"method": "otsu", "weights_sha256": None, "precision": None, "device_type": "cpu"}

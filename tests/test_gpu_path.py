@@ -17,11 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from ctpore.errors import InputError
-from ctpore.models import attention as A
+from ctpore.models import attention_dispatch as D
 from ctpore.models import backends as B
 from ctpore.models import PoreFormer, PoreFormerConfig
-from ctpore.models.attention import causal_mask
-from ctpore.pipelines.stream import predict, resolve_device
+from ctpore.models.attention_dispatch import causal_mask
+from ctpore.models.poreformer_forward import fold_last_block
+from ctpore.pipelines.stream import predict
+from ctpore.pipelines.precision import resolve_device
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -53,10 +55,9 @@ def fake_flash(monkeypatch):
         return out.transpose(1, 2).to(q.dtype)
 
     monkeypatch.setattr(B, "load_flash", lambda: (flash_attn_func, ""))  # what resolve_backend asks
-    monkeypatch.setattr(A, "load_flash", lambda: (flash_attn_func, ""))  # what the flash path calls
+    monkeypatch.setattr(D, "load_flash", lambda: (flash_attn_func, ""))  # what the flash path calls
     # the real check also wants q on CUDA; here the tensors stay on the CPU
-    monkeypatch.setattr(A.MultiHeadAttention, "_flash_ok",
-                        staticmethod(lambda q: q.dtype in (torch.float16, torch.bfloat16)))
+    monkeypatch.setattr(D, "flash_ok", lambda q: q.dtype in (torch.float16, torch.bfloat16))
     return calls
 
 
@@ -158,7 +159,7 @@ def two_gpus(monkeypatch):
 
 
 def _fits(model, shape, plan, budget, device):
-    from ctpore.pipelines.stream import plan_tiles
+    from ctpore.pipelines.stream_plan import plan_tiles
 
     tile, chunk = plan
     window = max((w[1] - w[0], w[3] - w[2]) for _c, w in plan_tiles(shape[1], shape[2], tile, model.halo))
@@ -169,7 +170,7 @@ def _fits(model, shape, plan, budget, device):
 
 def test_the_gpu_plan_follows_the_free_memory_of_the_device_asked_for(two_gpus):
     from ctpore.models.weights import default_weights_path, load_model
-    from ctpore.pipelines.stream import plan_for_device
+    from ctpore.pipelines.stream_plan import plan_for_device
 
     free, asked = two_gpus
     model = load_model(default_weights_path())
@@ -194,7 +195,7 @@ def test_the_gpu_plan_follows_the_free_memory_of_the_device_asked_for(two_gpus):
 
 
 def plan_streaming_cpu(model, shape, budget):
-    from ctpore.pipelines.stream import plan_streaming
+    from ctpore.pipelines.stream_plan import plan_streaming
 
     return plan_streaming(model, shape, budget)
 
@@ -204,7 +205,7 @@ def test_reconstruct_plans_the_gpu_from_its_memory_and_the_host_from_memory_gb(t
     host's staging buffers fit what --memory-gb leaves."""
     from ctpore.models.weights import default_weights_path, load_model
     from ctpore.pipelines.budget import BASE_BYTES_CUDA, plan_budget, slab_bytes
-    from ctpore.pipelines.stream import plan_for_device, plan_tiles, stream_host_bytes
+    from ctpore.pipelines.stream_plan import plan_for_device, plan_tiles, stream_host_bytes
 
     free, asked = two_gpus
     model = load_model(default_weights_path())
@@ -223,7 +224,7 @@ def test_reconstruct_plans_the_gpu_from_its_memory_and_the_host_from_memory_gb(t
 
 
 def test_cuda_queries_go_to_the_device_asked_for(two_gpus):
-    from ctpore.pipelines.stream import autocast_dtype
+    from ctpore.pipelines.precision import autocast_dtype
 
     _free, asked = two_gpus
     assert autocast_dtype("auto", torch.device("cuda:1")) == torch.float16  # cc 7.5 has no bf16
@@ -269,9 +270,9 @@ def test_stem_z_features_and_head_stay_fp32_under_autocast(folded):
 def test_the_folded_head_is_the_same_with_autocast_on_and_off():
     torch.manual_seed(0)
     model = PoreFormer(small()).eval()
-    plain = model._fold_last_block()
+    plain = fold_last_block(model)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        under = model._fold_last_block()
+        under = fold_last_block(model)
     for a, b in zip(plain, under):
         assert b.dtype == torch.float32 and torch.equal(a, b)
     x = torch.randn(1, 7, 20, 16, generator=torch.Generator().manual_seed(1))
@@ -350,7 +351,7 @@ def test_the_gpu_extra_builds_nothing_against_torch_and_the_torch_floor_has_enab
     assert not [r for r in extras if re.match(r"flash[-_]attn", r)]  # its build imports torch: no extra may need it
     torch_req = next(r for r in meta["dependencies"] if re.match(r"torch\b", r))
     floor = tuple(int(v) for v in re.search(r">=\s*([\d.]+)", torch_req).group(1).split(".")[:2])
-    assert floor >= (2, 5)  # SDPA's enable_gqa (models/attention.py passes it) came with torch 2.5
+    assert floor >= (2, 5)  # SDPA's enable_gqa (models/attention_dispatch.py passes it) came with torch 2.5
     assert "enable_gqa" in F.scaled_dot_product_attention.__doc__
 
 
@@ -398,7 +399,7 @@ def test_cuda_attention_kernels_in_bf16_within_twice_plain_pytorch():
 @needs_cuda
 def test_cuda_peak_memory_stays_within_the_gpu_budget():
     from ctpore.models.weights import default_weights_path, load_model
-    from ctpore.pipelines.stream import plan_for_device
+    from ctpore.pipelines.stream_plan import plan_for_device
 
     model = load_model(default_weights_path(), device="cuda")
     shape = (24, 512, 512)

@@ -14,8 +14,10 @@ from ctpore.data.io import geometry_from_array, load_scan, save_volume
 from ctpore.data.io.write import SlabWriter
 from ctpore.data.metrics import comparison_metrics, volume_metrics
 from ctpore.data.slabs import SlabComponents, StreamingTopology
-from ctpore.data.topology import connectivity_density, euler_number, n_components
+from ctpore.data.connectivity import connectivity_density
+from ctpore.data.topology import euler_number, n_components
 from ctpore.models.classical import clean_specks
+from ctpore.pipelines.methods import Untiled
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -123,10 +125,10 @@ def test_slab_writer_writes_any_slice_axis_in_the_files_own_order(tmp_path, axis
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.nii.gz", "out.nii.gz", "ref.nii.gz"]
 
 
-class _Given:
+class _Given(Untiled):
     """A predictor that writes given probabilities, tile block by tile block as PoreFormer does."""
 
-    name, streams, halo = "given", True, None
+    name = "given"
 
     def __init__(self, prob, post):
         self.prob, self.post = prob, post
@@ -227,7 +229,7 @@ def test_the_budget_plan_keeps_slab_and_model_within_what_is_left(shape):
     fit in memory_gb less what the process holds before any scan."""
     from ctpore.models.weights import default_weights_path, load_model
     from ctpore.pipelines.budget import BASE_BYTES, plan_budget, slab_bytes
-    from ctpore.pipelines.stream import plan_streaming, plan_tiles
+    from ctpore.pipelines.stream_plan import plan_streaming, plan_tiles
 
     model = load_model(default_weights_path())
     for gb in (1.0, 1.5, 4.0):

@@ -453,7 +453,9 @@ def test_volume_metrics_keys_types_and_values():
         "n_pores",
         "n_tunnels",
         "n_cavities",
+        "sample_voxels",
     }
+    assert m["sample_voxels"] == v.size  # no sample mask: every voxel
     assert m["n_tunnels"] == 0 and m["n_cavities"] == 0  # three solid-free blobs: no loop, no cavity
     assert type(m["porosity"]) is float and type(m["connectivity_density_per_mm3"]) is float
     assert type(m["euler_number"]) is int and type(m["euler_number_6"]) is int

@@ -32,7 +32,7 @@ def test_api_cli_and_batch_give_the_same_pores_for_every_slice_axis(tmp_path, ca
     from ctpore.models.weights import save_weights
     from ctpore.pipelines.budget import plan_budget
     from ctpore.pipelines.reconstruct import reconstruct
-    from ctpore.pipelines.stream import plan_streaming
+    from ctpore.pipelines.stream_plan import plan_streaming
 
     torch.manual_seed(0)
     model = PoreFormer(small()).eval()

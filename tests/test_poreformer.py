@@ -16,6 +16,7 @@ from ctpore.models import PoreFormer, PoreFormerConfig
 from ctpore.models.attention import attention_entropy
 from ctpore.models.backends import flash_available
 from ctpore.models.blocks import z_features
+from ctpore.models.poreformer_forward import forward_pass
 
 HAS_FLASH = torch.cuda.is_available() and flash_available()
 
@@ -243,7 +244,7 @@ def test_attention_maps_per_layer_and_head():
     point = model.attention_maps(x, region=(3, 5))
     torch.testing.assert_close(point[1], maps[1][:, 3:4, 5:6])
     with torch.no_grad():  # the math path behind the maps gives the same logits
-        torch.testing.assert_close(model._run(x, 0, None, True)[0], model(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(forward_pass(model, x, 0, None, True)[0], model(x), atol=1e-5, rtol=0)
 
 
 def test_training_step_reaches_every_parameter():

@@ -84,3 +84,85 @@ def test_every_metric_streamed_equals_the_whole_volume(registries):
             for key, v in want.items():
                 assert got[key] == pytest.approx(v, rel=1e-12, abs=1e-12), key
         assert keys == {m.key for m in M.METRICS}
+
+
+def _signature(fn) -> list:
+    import inspect
+
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+
+
+def test_every_registered_method_builds_a_predictor_of_the_declared_interface(registries):
+    """Each factory of the table (the toy's too) gives an object with every attribute the run reads
+    and ``plan``/``predict`` taking exactly the Protocol's arguments (``precision`` included), and a
+    plan that is None or two positive ints: what run_reconstruction and the disk estimate call."""
+    registries("toy_method")
+    want_plan, want_predict = _signature(R.Predictor.plan), _signature(R.Predictor.predict)
+    for name, spec in R.METHODS.items():
+        predictor = spec.factory(weights=None, device="cpu")
+        assert isinstance(predictor, R.Predictor), name
+        assert predictor.name == name
+        assert _signature(predictor.plan) == want_plan, name
+        assert _signature(predictor.predict) == want_predict, name
+        assert predictor.halo is None or (isinstance(predictor.halo, int) and predictor.halo >= 0), name
+        planned = predictor.plan((8, 96, 96), 2**28, None, precision="fp32")
+        assert planned is None or (len(planned) == 2 and all(int(v) > 0 for v in planned)), name
+        assert (planned is None) == (predictor.halo is None), name  # only a tiled predictor plans tiles
+
+
+def test_a_predictor_missing_part_of_the_interface_is_not_one():
+    """The runtime check looks at what the run reads: an object without ``halo`` (or ``plan``) fails."""
+    from ctpore.data.postprocess import Postprocessing
+
+    class NoHalo:
+        name, post, info, device = "x", Postprocessing(threshold=0.5), {}, "cpu"
+
+        def plan(self, shape, budget_bytes, gpu_memory_gb=None, precision="auto"):
+            return None
+
+        def predict(self, volume, out, *, budget_bytes, progress=None, chunk_slices=None, tile=None,
+                    precision="auto"):
+            return {}
+
+    assert not isinstance(NoHalo(), R.Predictor)
+    NoHalo.halo = None
+    assert isinstance(NoHalo(), R.Predictor)
+    del NoHalo.plan
+    assert not isinstance(NoHalo(), R.Predictor)
+
+
+def test_the_disk_estimate_and_the_run_share_one_plan(tmp_path):
+    """``copy_made`` decides from ``plan_run``, which a run follows: for the shipped PoreFormer on a
+    scan that cannot read windows, a small budget gives several tiles (a copy) and a big one a
+    single tile (none), and the user's tile wins over the plan."""
+    from ctpore.pipelines.budget import plan_run
+    from ctpore.pipelines.disk import copy_made
+    from ctpore.pipelines.stream_plan import plan_tiles
+
+    predictor = R.get_method("poreformer").factory(weights=None, device="cpu")
+
+    class Unwindowed:
+        shape, windowed = (64, 700, 700), False
+
+    for memory_gb, tile in ((0.5, None), (16.0, None), (16.0, 64)):
+        plan = plan_run(Unwindowed.shape, predictor, memory_gb, tile=tile, precision="fp32")
+        several = len(plan_tiles(700, 700, plan.tile, predictor.halo)) > 1
+        assert copy_made(Unwindowed(), predictor, memory_gb=memory_gb, tile=tile, precision="fp32") == several
+        if tile is not None:
+            assert plan.tile == tile and several
+    assert copy_made(Unwindowed(), predictor, memory_gb=0.5, precision="fp32")
+    assert not copy_made(Unwindowed(), predictor, memory_gb=16.0, precision="fp32")
+    assert not copy_made(Unwindowed(), R.get_method("otsu").factory(), memory_gb=0.5)
+
+
+def test_a_headline_metric_reaches_the_batch_summary_and_a_second_key_is_refused(registries):
+    """The summary's columns come from the registry: the toy metric (``summary=True``) becomes a
+    column with no change to batch code; registering its key again is refused."""
+    from ctpore.pipelines.batch_summary import columns
+
+    assert "first_slice_porosity" not in columns()
+    registries("toy_metric")
+    assert "first_slice_porosity" in columns()
+    assert set(M.summary_keys()) <= set(columns())
+    with pytest.raises(ValueError, match="first_slice_porosity"):
+        registries("toy_metric")

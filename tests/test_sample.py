@@ -141,7 +141,7 @@ def test_the_outside_is_found_from_medians_filtered_where_they_are_looked_at():
     3 x 3 median of the whole slice, for odd and even sizes and every kind of outside."""
     from scipy import ndimage as ndi
 
-    from ctpore.data.sample import _border, _filtered_border_and_middle, _middle
+    from ctpore.data.grey_outside import _border, _filtered_border_and_middle, _middle
 
     rng = np.random.default_rng(5)
     for y, x in ((8, 8), (9, 13), (40, 41), (64, 37)):

@@ -16,7 +16,7 @@ import torch
 from ctpore.errors import InputError
 from ctpore.models import PoreFormer, PoreFormerConfig
 from ctpore.pipelines import predict as _predict
-from ctpore.pipelines.stream import plan_tiles
+from ctpore.pipelines.stream_plan import plan_tiles
 
 # Streaming is exact for the stored (fp32) model; the bf16 copy that precision="auto" runs on CPUs
 # with native bf16 is compared with it in test_window_kernel.py.
@@ -268,7 +268,7 @@ def test_bilinear_upsampling_of_a_crop_equals_the_crop_of_the_upsampling():
 
 
 def test_plan_fits_the_budget_and_prefers_whole_planes():
-    from ctpore.pipelines.stream import plan_streaming
+    from ctpore.pipelines.stream_plan import plan_streaming
 
     model = PoreFormer(PoreFormerConfig())
     for shape in ((96, 256, 256), (8, 1024, 1024), (2000, 2048, 2048)):

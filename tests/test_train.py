@@ -148,7 +148,7 @@ def test_training_with_context_runs_and_is_deterministic(tmp_path, model):
 @pytest.mark.parametrize("name, config", [("poreformer", "train"), ("unet2d", "train_unet2d"),
                                           ("unet3d", "train_unet3d")])
 def test_shipped_weights_were_trained_by_the_configs_in_configs(name, config):
-    """The README's training commands are what made the shipped weights: the first stage's config,
+    """The training commands of docs/training.md are what made the shipped weights: the first stage's config,
     then the second's (``<config>_continued.yaml``) and the third's (``<config>_stage3.yaml``), each
     warm-started from the stage before's export; the same data, and the budget of all stages in the file."""
     import json

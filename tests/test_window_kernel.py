@@ -18,8 +18,9 @@ import torch
 from ctpore.models import PoreFormer, PoreFormerConfig, window_kernel
 from ctpore.models.attention import MultiHeadAttention
 from ctpore.models.kv_cache import KVCache
-from ctpore.pipelines import stream
-from ctpore.pipelines.stream import cpu_weights_dtype, precision_name, predict
+from ctpore.pipelines import precision
+from ctpore.pipelines.precision import cpu_weights_dtype, precision_name
+from ctpore.pipelines.stream import predict
 
 needs_kernel = pytest.mark.skipif(not window_kernel.available(),
                                   reason="the C kernel is not built here (no C compiler when ctpore was installed)")
@@ -118,10 +119,10 @@ def test_attention_runs_the_kernel_and_equals_the_math_path_through_a_cache(chun
 def test_precision_resolution(monkeypatch):
     cpu = torch.device("cpu")
     assert cpu_weights_dtype("fp32", cpu) is None and cpu_weights_dtype("bf16", cpu) is torch.bfloat16
-    monkeypatch.setattr(stream, "cpu_native_bf16", lambda: True)
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: True)
     assert cpu_weights_dtype("auto", cpu) is torch.bfloat16 and precision_name("auto", cpu) == "bf16"
-    assert stream.autocast_dtype("auto", cpu) is None  # bf16 weights on CPU, not autocast
-    monkeypatch.setattr(stream, "cpu_native_bf16", lambda: False)
+    assert precision.autocast_dtype("auto", cpu) is None  # bf16 weights on CPU, not autocast
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: False)
     assert cpu_weights_dtype("auto", cpu) is None and precision_name("auto", cpu) == "fp32"
 
 
@@ -131,7 +132,7 @@ def test_native_bf16_is_read_from_the_cpu_flags():
             flags = next((set(line.split(":", 1)[1].split()) for line in fh if line.startswith("flags")), set())
     except OSError:
         flags = set()
-    assert stream.cpu_native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
+    assert precision.cpu_native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def test_bf16_copy_keeps_the_stem_head_and_z_maps_fp32_and_the_model_unchanged():
@@ -163,12 +164,12 @@ def test_the_plan_counts_bf16_activations_at_two_bytes_and_stays_in_the_budget(m
     """Where the budget binds (a wide plane), the bf16 copy gets larger tiles or chunks than fp32,
     and its estimate still fits the budget; fp32 is planned as before."""
     from ctpore.pipelines.budget import plan_budget
-    from ctpore.pipelines.stream import plan_for_device, plan_streaming, plan_tiles
+    from ctpore.pipelines.stream_plan import plan_for_device, plan_streaming, plan_tiles
 
     model = PoreFormer().eval()
     shape = (1024, 1024, 1024)
     budget = plan_budget(shape, 1.5)[1]
-    monkeypatch.setattr(stream, "cpu_native_bf16", lambda: True)
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: True)
     half = plan_for_device(model, shape, budget, precision="auto")
     full = plan_for_device(model, shape, budget, precision="fp32")
     assert full == plan_streaming(model, shape, budget)

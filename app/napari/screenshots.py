@@ -1,4 +1,4 @@
-"""The README's napari pictures, made by the plugin itself: ``python -m ctpore.app.napari.screenshots docs``.
+"""The napari pictures of docs/napari.md, made by the plugin itself: ``python -m ctpore.app.napari.screenshots docs``.
 
 Needs a display (``xvfb-run -a python -m ...`` on a machine without one). Opens a simulated scan,
 reconstructs its pores with the shipped weights through the Reconstruct widget, shows them in

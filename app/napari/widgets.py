@@ -10,156 +10,33 @@ from __future__ import annotations
 import numpy as np
 from napari.qt.threading import thread_worker
 from qtpy.QtCore import Qt
-from qtpy.QtGui import QImage, QPixmap
 from qtpy.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
 from ctpore.app.napari.layers import (
-    AXIS_LABELS,
     INSPECTOR_ROLES,
     ROLE,
     Cancelled,
     inspect_layers,
-    is_output,
     reconstruct_layers,
-    sample_mask_choices,
-    sample_of,
     summary_of,
 )
+from ctpore.app.napari.controls import (LayerChoice, SampleChoice, WeightsField, fit_picture, one_line, scrolled,
+                                        show_text)
 from ctpore.pipelines.methods import method_names
 from ctpore.errors import InputError
 
 __all__ = ["ReconstructWidget", "AttentionInspector"]
-
-
-def _image_layers(viewer) -> list:
-    """The viewer's scans: its image layers, less the results ctpore added (probability, entropy)."""
-    import napari
-
-    return [layer for layer in viewer.layers
-            if isinstance(layer, napari.layers.Image) and not is_output(layer.metadata)]
-
-
-def _name_axes(viewer) -> None:
-    """Name a 3D viewer's axes z, y, x (napari would show -3, -2, -1)."""
-    if viewer.dims.ndim == len(AXIS_LABELS):
-        viewer.dims.axis_labels = AXIS_LABELS
-
-
-class _LayerChoice(QComboBox):
-    """The scans of the viewer (image layers that are not ctpore's results), kept up to date."""
-
-    def __init__(self, viewer):
-        super().__init__()
-        self.viewer = viewer
-        viewer.layers.events.inserted.connect(self.refresh)
-        viewer.layers.events.removed.connect(self.refresh)
-        self.refresh()
-
-    def refresh(self, *_):
-        _name_axes(self.viewer)
-        current = self.currentText()
-        self.clear()
-        names = [layer.name for layer in _image_layers(self.viewer)]
-        self.addItems(names)
-        if current in names:
-            self.setCurrentText(current)
-
-    def layer(self):
-        name = self.currentText()
-        return self.viewer.layers[name] if name in self.viewer.layers else None
-
-
-class _SampleChoice(QComboBox):
-    """Which voxels are the sample: found (auto), all, or a 0/1 labels layer of the scan's shape
-    (painted, loaded, or the found sample edited), kept up to date with the layers and the scan."""
-
-    MODES = ("auto (found by its shape)", "all voxels")
-
-    def __init__(self, viewer, scans: _LayerChoice):
-        super().__init__()
-        self.viewer, self.scans = viewer, scans
-        viewer.layers.events.inserted.connect(self.refresh)
-        viewer.layers.events.removed.connect(self.refresh)
-        scans.currentTextChanged.connect(self.refresh)
-        self.refresh()
-
-    def refresh(self, *_):
-        current = self.currentText()
-        scan = self.scans.layer()
-        names = sample_mask_choices(self.viewer.layers, np.shape(scan.data)) if scan is not None else []
-        self.clear()
-        self.addItems([*self.MODES, *names])
-        if current in (*self.MODES, *names):
-            self.setCurrentText(current)
-
-    def value(self):
-        """``"auto"``, ``"all"`` or the chosen layer's mask (:func:`~ctpore.app.napari.layers.sample_of`)."""
-        text = self.currentText()
-        if text == self.MODES[0] or not text:
-            return "auto"
-        if text == self.MODES[1]:
-            return "all"
-        return sample_of(text, self.viewer.layers[text] if text in self.viewer.layers else None)
-
-
-class _WeightsField(QWidget):
-    def __init__(self):
-        super().__init__()
-        self.edit = QLineEdit()
-        self.edit.setPlaceholderText("shipped weights")
-        browse = QPushButton("…")
-        browse.clicked.connect(self._browse)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(self.edit)
-        row.addWidget(browse)
-
-    def _browse(self):
-        path, _ = QFileDialog.getOpenFileName(self, "PoreFormer weights", "", "safetensors (*.safetensors)")
-        if path:
-            self.edit.setText(path)
-
-    def value(self):
-        return self.edit.text().strip() or None
-
-
-def _scrolled(*widgets) -> QScrollArea:
-    """The results part of a dock: it scrolls when the dock is shorter than what it shows."""
-    inner = QWidget()
-    box = QVBoxLayout(inner)
-    for w in widgets:
-        box.addWidget(w)
-    box.addStretch()
-    area = QScrollArea()
-    area.setWidgetResizable(True)
-    area.setWidget(inner)
-    return area
-
-
-def _show_text(label: QLabel, text: str) -> None:
-    """Set a label's text and make the dock give it the height of all its lines."""
-    label.setText(text)
-    label.setMinimumHeight(label.fontMetrics().lineSpacing() * (text.count("\n") + 1) + 4)
-    label.updateGeometry()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split())
 
 
 class ReconstructWidget(QWidget):
@@ -172,11 +49,11 @@ class ReconstructWidget(QWidget):
     def __init__(self, napari_viewer):
         super().__init__()
         self.viewer = napari_viewer
-        self.layer_choice = _LayerChoice(napari_viewer)
-        self.sample_choice = _SampleChoice(napari_viewer, self.layer_choice)
+        self.layer_choice = LayerChoice(napari_viewer)
+        self.sample_choice = SampleChoice(napari_viewer, self.layer_choice)
         self.method = QComboBox()
         self.method.addItems(method_names(auto=True))
-        self.weights = _WeightsField()
+        self.weights = WeightsField()
         self.device = QComboBox()
         self.device.addItems(["cpu", "cuda"])
         self.run_button = QPushButton("Reconstruct")
@@ -199,7 +76,7 @@ class ReconstructWidget(QWidget):
         box.addLayout(form)
         box.addLayout(buttons)
         box.addWidget(self.progress)
-        box.addWidget(_scrolled(self.status), stretch=1)
+        box.addWidget(scrolled(self.status), stretch=1)
         self.run_button.clicked.connect(self.run)
         self.cancel_button.clicked.connect(self.cancel)
         self.worker = None
@@ -221,7 +98,7 @@ class ReconstructWidget(QWidget):
         try:
             sample = self.sample_choice.value()
         except InputError as exc:
-            self.status.setText(f"error: {_one_line(exc)}")
+            self.status.setText(f"error: {one_line(exc)}")
             return
         self._stop = False
         self.metrics = None
@@ -234,7 +111,7 @@ class ReconstructWidget(QWidget):
             except Cancelled:
                 return "cancelled", None
             except Exception as exc:  # said in the dock, in one line
-                return "error", _one_line(exc)
+                return "error", one_line(exc)
 
         self.worker = work()
         self.worker.returned.connect(self._done)
@@ -269,7 +146,7 @@ class ReconstructWidget(QWidget):
         if outside and found.get("confident") is False:
             of += f"\nuncertain sample: {metrics.get('porosity_if_region_is_pore', float('nan')):.4f} if the region " \
                   "left out were pore"
-        _show_text(self.status,
+        show_text(self.status,
             f"porosity {metrics['porosity']:.4f}{of}\nEuler number {metrics['euler_number']}\n"
             f"Betti numbers: pores {metrics['n_pores']}, tunnels {metrics.get('n_tunnels', '?')}, "
             f"cavities {metrics.get('n_cavities', '?')}\n"
@@ -281,24 +158,6 @@ class ReconstructWidget(QWidget):
         self.cancel_button.setEnabled(False)
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
-
-
-def _pixmap(rgb: np.ndarray) -> QPixmap:
-    rgb = np.ascontiguousarray(rgb, np.uint8)
-    h, w, _ = rgb.shape
-    image = QImage(rgb.data, w, h, 3 * w, QImage.Format_RGB888).copy()
-    return QPixmap.fromImage(image)
-
-
-def _fit(label: QLabel, rgb: np.ndarray, width: int) -> None:
-    """Show a picture in a label, scaled down (smoothly) to ``width`` pixels where it is wider, but
-    never below 80% (its text stays readable; the dock scrolls instead)."""
-    pix = _pixmap(rgb)
-    if pix.width() > width:
-        pix = pix.scaledToWidth(max(width, int(0.8 * pix.width())), Qt.SmoothTransformation)
-    label.setPixmap(pix)
-    label.setFixedSize(pix.size())
-    label.updateGeometry()
 
 
 class AttentionInspector(QWidget):
@@ -315,8 +174,8 @@ class AttentionInspector(QWidget):
     def __init__(self, napari_viewer):
         super().__init__()
         self.viewer = napari_viewer
-        self.layer_choice = _LayerChoice(napari_viewer)
-        self.weights = _WeightsField()
+        self.layer_choice = LayerChoice(napari_viewer)
+        self.weights = WeightsField()
         self.coords = [QSpinBox() for _ in range(3)]
         for box in self.coords:
             box.setRange(0, 100_000)
@@ -343,7 +202,7 @@ class AttentionInspector(QWidget):
         box.addWidget(self.normalize_rows)
         box.addWidget(self.show_button)
         box.addWidget(self.summary_button)
-        box.addWidget(_scrolled(self.heatmap, self.summary, self.scan_picture), stretch=1)
+        box.addWidget(scrolled(self.heatmap, self.summary, self.scan_picture), stretch=1)
         self.show_button.clicked.connect(self.show_heads)
         self.summary_button.clicked.connect(self.summarize)
         napari_viewer.mouse_drag_callbacks.append(self._on_click)
@@ -384,7 +243,7 @@ class AttentionInspector(QWidget):
             try:
                 return "done", inspect_layers(data, point, scale, weights, normalize_rows=normalize_rows)
             except Exception as exc:  # said in the dock, in one line
-                return "error", _one_line(exc)
+                return "error", one_line(exc)
 
         self._layer = layer
         self.worker = work()
@@ -405,12 +264,12 @@ class AttentionInspector(QWidget):
         if self.viewer.dims.ndim == 3:  # view the voxel's slice, where its marker is
             self.viewer.dims.set_point(0, self._layer.data_to_world(view.point)[0])
         self.info = info
-        _fit(self.heatmap, info["heatmap"], self._room())
+        fit_picture(self.heatmap, info["heatmap"], self._room())
         lines = [f"voxel {view.point}; the slice each head attends to most:"]
         for b, label in enumerate(view.labels):
             lines.append(f"  {label}: " + ", ".join(str(int(t)) for t in view.top[b]))
         lines.append(f"heads alike (full resolution, 1 = copies): {info['similarity']:.2f}")
-        _show_text(self.summary, "\n".join(lines))
+        show_text(self.summary, "\n".join(lines))
 
     def _room(self) -> int:
         """Width the dock's pictures can take without a horizontal scroll bar."""
@@ -435,7 +294,7 @@ class AttentionInspector(QWidget):
             try:
                 return "done", summary_of(data, name, weights, pores=pdata, pores_name=pname)
             except Exception as exc:  # said in the dock, in one line
-                return "error", _one_line(exc)
+                return "error", one_line(exc)
 
         self.summary_worker = work()
         self.summary_worker.returned.connect(self._summarized)
@@ -448,7 +307,7 @@ class AttentionInspector(QWidget):
             self.summary.setText(f"error: {result}")
             return
         self.scan_summary, rgb = result
-        _fit(self.scan_picture, rgb, self._room())
+        fit_picture(self.scan_picture, rgb, self._room())
         s = self.scan_summary["sample"]
-        _show_text(self.summary, f"{self.scan_summary['scan']}: {s['voxels']} voxels in {s['columns']} pixel columns\n"
+        show_text(self.summary, f"{self.scan_summary['scan']}: {s['voxels']} voxels in {s['columns']} pixel columns\n"
                                  f"pore or solid: {self.scan_summary['pore_source']}")

@@ -91,8 +91,9 @@ Rooms
 ``nifti``     the NIfTI reader and the NIfTI image written back in the input's voxel order.
 ``tiff``      the TIFF readers (a multi-page file, a folder of slices) and the ImageJ writer.
 ``hdf5``, ``metaimage``, ``omezarr``, ``images``   the other readers (images: PNG, BMP, JPEG folders).
-``scan``      :class:`Scan` (lazy slices of any format), :func:`load_scan`, :func:`read_volume`,
-              :func:`read_label`.
+``scan``      :class:`Scan` (lazy slices of any format).
+``load``      :func:`load_scan` (a Scan and the slice-axis hint), :func:`read_volume`,
+              :func:`read_label`, :func:`label_slice_axis`.
 ``write``     :func:`save_volume` (whole or not at all, through :mod:`ctpore.atomic`).
 
 A new format is a reader module (a class following :class:`~ctpore.data.io.reader.Reader`:
@@ -105,7 +106,8 @@ from __future__ import annotations
 
 from ctpore.data.io.geometry import Geometry, geometry_from_array
 from ctpore.data.io.registry import file_kind, output_stem
-from ctpore.data.io.scan import Scan, label_slice_axis, load_scan, read_label, read_volume
+from ctpore.data.io.load import label_slice_axis, load_scan, read_label, read_volume
+from ctpore.data.io.scan import Scan
 from ctpore.data.io.write import save_volume
 
 __all__ = [

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from ctpore.data.splits import BENCH_SEED_BASE
 from ctpore.models.weights import weights_dir
-from ctpore.pipelines.bench.quality import (LABELS, METHODS, Runner, bench_cases, bench_quality, default_leopard,
+from ctpore.pipelines.bench.quality import (LABELS, Runner, bench_cases, bench_quality, default_leopard,
                                             default_shared)
 from ctpore.pipelines.bench.report import overlay_png, write_report
 
 __all__ = [
     "BENCH_SEED_BASE",
     "LABELS",
-    "METHODS",
     "Runner",
     "bench_cases",
     "bench_quality",

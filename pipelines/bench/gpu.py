@@ -195,7 +195,7 @@ def bench_gpu(
     InputError
         When ``device`` is not a usable CUDA device.
     """
-    from ctpore.pipelines.stream import resolve_device
+    from ctpore.pipelines.precision import resolve_device
 
     dev = resolve_device(device)  # asks the driver how many GPUs there are; makes no CUDA context
     if dev.type != "cuda":

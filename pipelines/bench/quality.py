@@ -15,7 +15,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -29,14 +29,12 @@ from ctpore.errors import InputError
 from ctpore.models.weights import read_metadata, weights_dir
 from ctpore.pipelines.bench.error_split import BoundaryErrorSplit, boundary_voxels
 from ctpore.pipelines.methods import METHODS as METHODS_REGISTRY
-from ctpore.pipelines.methods import get_method
+from ctpore.pipelines.methods import bench_names, get_method
 from ctpore.pipelines.reconstruct import reconstruct
 from ctpore.progress import ProgressFn
 
-__all__ = ["METHODS", "LABELS", "Runner", "bench_cases", "bench_quality", "default_shared", "default_leopard"]
+__all__ = ["LABELS", "Runner", "bench_cases", "bench_quality", "default_shared", "default_leopard"]
 
-#: The methods the benchmark sets side by side (names of :mod:`ctpore.pipelines.methods`).
-METHODS = ("plain-otsu", "otsu", "unet2d", "unet3d", "poreformer")
 #: How the report names them.
 LABELS = {name: spec.label for name, spec in METHODS_REGISTRY.items()}
 
@@ -79,7 +77,8 @@ class Runner:
     """Holds the built methods; ``run(method, scan) -> (prob, pores, seconds)`` through the one
     reconstruct pipeline, so every method is normalized, post-processed and measured the same way."""
 
-    def __init__(self, methods=METHODS, device: str = "cpu", weights: Optional[Path] = None):
+    def __init__(self, methods: Optional[Sequence[str]] = None, device: str = "cpu", weights: Optional[Path] = None):
+        methods = bench_names() if methods is None else tuple(methods)
         self.device = device
         self.predictors: dict = {}
         self.params: dict = {m: 0 for m in methods}
@@ -151,7 +150,7 @@ def bench_quality(
     size: int = 64,
     leopard: Optional[Union[str, os.PathLike]] = None,
     real_scan: Optional[Union[str, os.PathLike]] = None,
-    methods=METHODS,
+    methods: Optional[Sequence[str]] = None,
     device: str = "cpu",
     progress: ProgressFn = None,
     weights: Optional[Union[str, os.PathLike]] = None,
@@ -160,6 +159,9 @@ def bench_quality(
     averages=None,
 ) -> dict:
     """Score every method on every case; return the per-case rows, the means and the real scan.
+
+    ``methods``: the names to score (default: the method table's benchmark columns,
+    :func:`~ctpore.pipelines.methods.bench_names`).
 
     ``weights`` is a folder holding ``poreformer``/``unet2d``/``unet3d.safetensors`` (default:
     the shipped ones in ``models/weights``), so candidate weights are scored before they ship.
@@ -180,6 +182,7 @@ def bench_quality(
     """
     check_bench_seeds(seed_base, n_sim)  # held-out seeds only, before any weights load or scan is simulated
     draw_zoom(0, zoom_max)  # a bad zoom_max is an InputError before any weights load
+    methods = bench_names() if methods is None else tuple(methods)
     if averages is None:
         learned = [m for m in methods if get_method(m).weights is not None]
         averages = list(itertools.combinations(learned, 2)) + ([tuple(learned)] if len(learned) > 2 else [])

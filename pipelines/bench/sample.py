@@ -139,7 +139,8 @@ def bench_sample(n: int = 6, shape=(24, 160, 160), seed_base: int = SAMPLE_SEED_
 
 def _settings() -> str:
     """The rules the sample is found by, in words with their values (from the code)."""
-    from ctpore.data.envelope import BLOCK_FILL, CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES
+    from ctpore.data.envelope import CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES
+    from ctpore.data.outline import BLOCK_FILL
     from ctpore.data.rim import RIM, SHELL
 
     return (f"The fit reads {MAX_SLICES} slices spread along the scan. A cylinder describes the sample when its "

@@ -39,8 +39,9 @@ from ctpore.progress import ProgressFn
 
 __all__ = ["bench_speed", "gpu_section", "write_performance", "poreformer_flops_per_voxel", "matmul_peak"]
 
-#: name -> how to run it (``{scan}`` and ``{out}`` are filled in); "ctpore" runs ``ctpore reconstruct``.
-METHODS: dict[str, list[str]] = {
+#: The command variants timed (not methods of the method table): name -> how to run it ({scan} and
+#: {out} are filled in); "ctpore" runs ``ctpore reconstruct``.
+COMMANDS: dict[str, list[str]] = {
     "ctpore reconstruct (default)": ["ctpore"],
     "ctpore reconstruct (fp32)": ["ctpore", "--precision", "fp32"],
     "MONAI 3D U-Net (16-32-64-128, 96^3 windows)": ["reference", "monai-unet"],
@@ -133,7 +134,7 @@ def _reconstruct_plan(scan: Path, memory_gb: float = 1.5) -> tuple[int, int]:
     from ctpore.data.io import load_scan
     from ctpore.models.weights import load_for_inference
     from ctpore.pipelines.budget import plan_budget
-    from ctpore.pipelines.stream import plan_for_device
+    from ctpore.pipelines.stream_plan import plan_for_device
 
     with load_scan(scan) as s:
         shape = tuple(s.shape)
@@ -159,7 +160,7 @@ def bench_speed(
     seed: int = 0,
     progress: ProgressFn = None,
 ) -> dict[str, Any]:
-    """Time every method in :data:`METHODS` (or ``methods``) on one generated scan; see the module docstring."""
+    """Time every command in :data:`COMMANDS` (or ``methods``) on one generated scan; see the module docstring."""
     import nibabel as nib
     import torch
 
@@ -167,10 +168,10 @@ def bench_speed(
     from ctpore.models.weights import default_weights_path, load_model
     if repeats < 1:
         raise InputError(f"repeats must be >= 1, got {repeats}")
-    names = list(METHODS) if methods is None else list(methods)
-    unknown = [m for m in names if m not in METHODS]
+    names = list(COMMANDS) if methods is None else list(methods)
+    unknown = [m for m in names if m not in COMMANDS]
     if unknown:
-        raise InputError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+        raise InputError(f"unknown methods {unknown}; choose from {list(COMMANDS)}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     scan = workdir / f"scan_{'x'.join(map(str, shape))}.nii.gz"
@@ -184,7 +185,7 @@ def bench_speed(
     runs: dict[str, dict[str, list]] = {m: {"seconds": [], "peak_rss_bytes": []} for m in names}
     for rep in range(repeats + 1):  # the first round warms the disk cache and is not kept
         for m in names:
-            dt, rss = _run(_command(METHODS[m], scan, workdir / "out"))
+            dt, rss = _run(_command(COMMANDS[m], scan, workdir / "out"))
             if rep:
                 runs[m]["seconds"].append(dt)
                 runs[m]["peak_rss_bytes"].append(rss)
@@ -200,7 +201,7 @@ def bench_speed(
     # Memory with default settings: the same plane with four times the slices, and a wide plane.
     from ctpore.models import window_kernel
     from ctpore.pipelines.bench.gpu import make_test_scan
-    from ctpore.pipelines.stream import precision_name
+    from ctpore.pipelines.precision import precision_name
 
     memory = []
     for extra in ((4 * shape[0], shape[1], shape[2]), (8, 1024, 1024)):

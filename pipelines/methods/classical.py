@@ -9,17 +9,17 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ctpore.data.postprocess import Postprocessing
+from ctpore.pipelines.methods import Untiled
 from ctpore.progress import ProgressFn
 
 __all__ = ["OtsuPredictor", "fiji_pipeline", "plain_otsu"]
 
 
-class OtsuPredictor:
+class OtsuPredictor(Untiled):
     """A global Otsu threshold of the normalized grey values (pores below it), after an optional
     cubic median filter; specks are removed by the post-processing (``min_size``)."""
 
-    streams = True
-
+    # numpy and scipy on the CPU, whatever device was asked for; chunks of 32 slices, no tiles
     def __init__(self, name: str, median_size: int, min_size: int, device: str = "cpu"):
         self.name = name
         self.median_size = int(median_size)

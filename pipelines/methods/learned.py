@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from ctpore.errors import InputError
+from ctpore.pipelines.methods import Untiled
 from ctpore.progress import ProgressFn
 
 __all__ = ["PoreFormerPredictor", "UNetPredictor", "poreformer", "unet", "poreformer_network", "unet_network"]
@@ -21,12 +22,11 @@ class PoreFormerPredictor:
     KV caches), so its memory follows ``budget_bytes``, not the scan (:mod:`ctpore.pipelines.stream`)."""
 
     name = "poreformer"
-    streams = True
 
     def __init__(self, weights: Optional[PathLike] = None, device: str = "cpu",
                  attention_backend: Optional[str] = None):
         from ctpore.models.weights import load_for_inference, sha256_file
-        from ctpore.pipelines.stream import resolve_device
+        from ctpore.pipelines.precision import resolve_device
 
         self.device = resolve_device(device)  # a usage error before any weights are read
         self.model, meta, self.post, path = load_for_inference(weights, self.device, attention_backend)
@@ -38,14 +38,15 @@ class PoreFormerPredictor:
              precision: str = "auto") -> tuple[int, int]:
         """The fastest ``(tile, chunk_slices)`` whose working memory fits ``budget_bytes`` of host
         memory (on CUDA: the GPU's free memory, at most ``gpu_memory_gb``, while the host's staging
-        buffers fit ``budget_bytes``; :func:`~ctpore.pipelines.stream.plan_for_device`)."""
-        from ctpore.pipelines.stream import plan_for_device
+        buffers fit ``budget_bytes``; :func:`~ctpore.pipelines.stream_plan.plan_for_device`)."""
+        from ctpore.pipelines.stream_plan import plan_for_device
 
         return plan_for_device(self.model, shape, budget_bytes, self.device, gpu_memory_gb, precision)
 
     def predict(self, volume: Any, out: Any, *, budget_bytes: float, progress: ProgressFn = None,
                 chunk_slices: Optional[int] = None, tile: Optional[int] = None, precision: str = "auto") -> dict:
-        from ctpore.pipelines.stream import precision_name, predict
+        from ctpore.pipelines.precision import precision_name
+        from ctpore.pipelines.stream import predict
 
         if tile is None or chunk_slices is None:
             plan_tile, plan_chunk = self.plan(tuple(volume.shape), budget_bytes, precision=precision)
@@ -58,16 +59,16 @@ class PoreFormerPredictor:
                 "precision": precision_name(precision, self.device)}
 
 
-class UNetPredictor:
+class UNetPredictor(Untiled):
     """A U-Net baseline (:mod:`ctpore.models.unet`) on the whole normalized scan, tiled by MONAI's
     sliding window: it holds the scan in memory, as users run it."""
 
-    streams = False
+    # MONAI's sliding window tiles inside the scan held in memory: no halo or plan of its own
 
     def __init__(self, kind: str, weights: Optional[PathLike] = None, device: str = "cpu",
                  attention_backend: Optional[str] = None):
         from ctpore.models.weights import load_unet, read_postprocessing, sha256_file, weights_dir
-        from ctpore.pipelines.stream import resolve_device
+        from ctpore.pipelines.precision import resolve_device
 
         self.name = kind
         self.device = resolve_device(device)

@@ -7,11 +7,11 @@ probability of 1 or 0.
 from __future__ import annotations
 
 from ctpore.data.postprocess import Postprocessing
-from ctpore.pipelines.methods import MethodSpec, register_method
+from ctpore.pipelines.methods import MethodSpec, Untiled, register_method
 
 
-class DarkerThan:
-    name, streams = "toy-dark", True
+class DarkerThan(Untiled):  # no tiles, no plan: halo and plan() are None
+    name = "toy-dark"
 
     def __init__(self, weights=None, device="cpu", attention_backend=None):
         self.post = Postprocessing(threshold=0.5)

@@ -16,4 +16,4 @@ def _first_slice(acc, slab, state):
 
 
 register_metric(Metric("first_slice_porosity", lambda acc: acc.state("first_slice_porosity")["value"],
-                       add=_first_slice))
+                       add=_first_slice, summary=True))  # summary: a column of ctpore batch's summary

@@ -1,0 +1,121 @@
+"""``ctpore reconstruct``: the 3D pores of scans, written as files. Registered on the ``ctpore`` group
+by :mod:`ctpore.app.cli`; thin like every command: parse, call a pipeline, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ctpore.app.console import EXIT_INPUT, EXIT_OK
+from ctpore.app.console import GPU_MEMORY_DEFAULT as _GPU_MEMORY_DEFAULT
+from ctpore.app.console import SHOWN_DEFAULTS as _SHOWN_DEFAULTS
+from ctpore.app.console import SLICE_AXIS_HELP as _SLICE_AXIS_HELP
+from ctpore.app.console import Progress as _Progress
+from ctpore.app.console import error as _error
+from ctpore.app.console import method_choice as _method_choice
+from ctpore.app.console import method_help as _method_help
+from ctpore.app.console import option as _option
+from ctpore.app.console import output_format_option as _output_format_option
+from ctpore.app.console import reconstruct_default as _rdefault
+from ctpore.app.console import sample_margin_option as _sample_margin_option
+from ctpore.app.console import tmp_dir_option as _tmp_dir_option
+from ctpore.errors import InputError
+
+__all__ = ["reconstruct"]
+
+
+@click.command()
+@click.argument("scans", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_option("-o", "--outdir", required=True, type=click.Path(path_type=Path),
+         help="Output folder (created if missing).")
+@_option("--method", default=lambda: _rdefault("method"), show_default=_SHOWN_DEFAULTS["method"],
+         type=_method_choice(), help=_method_help())
+@_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
+         help="The method's weights (.safetensors), for the learned methods.")
+@_option("--slice-axis", type=click.IntRange(0, 2), default=None, show_default="2, the third axis",
+         help=_SLICE_AXIS_HELP)
+@_option("--truth", type=click.Path(path_type=Path), default=None, show_default="none",
+         help="Ground-truth pores (1 = pore) to add MSE, Dice and Euler error to the metrics (one SCAN only).")
+@_option("--overwrite", is_flag=True, show_default=True,
+         help="Replace existing outputs. Without it a scan whose outputs exist is refused and its files kept.")
+@_option("--device", default=lambda: _rdefault("device"), show_default=_SHOWN_DEFAULTS["device"],
+         help="cpu, cuda, cuda:1, ... (PoreFormer only).")
+@_option("--memory-gb", default=lambda: _rdefault("memory_gb"), show_default=_SHOWN_DEFAULTS["memory_gb"],
+         type=click.FloatRange(0.25),
+         help="Host memory budget of the whole PoreFormer run (GB): tiles and chunks follow from it (on CPU).")
+@_option("--gpu-memory-gb", default=None, type=click.FloatRange(0.25), show_default=_GPU_MEMORY_DEFAULT,
+         help="On CUDA, the most GPU memory (GB) tiles and chunks may take; --memory-gb still bounds the host.")
+@_option("--chunk-slices", default=None, type=click.IntRange(1), show_default="the fastest that fits --memory-gb",
+         help="Slices per streamed chunk.")
+@_option("--tile", default=None, type=click.IntRange(8), show_default="the fastest that fits --memory-gb",
+         help="In-plane tile size (pixels).")
+@_option("--precision", default=lambda: _rdefault("precision"), show_default=_SHOWN_DEFAULTS["precision"],
+         type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
+         help="auto = bf16 on CUDA (so FlashAttention runs) and on CPUs that multiply bf16 natively "
+              "(AVX512-BF16, AMX), else fp32; fp32 = the stored model as it is.")
+@_option("--attention-backend", default=None, type=click.Choice(["auto", "flash", "sdpa", "math"]),
+         show_default="the one stored with the weights",
+         help="Override the weights' attention backend (the metrics report the one that ran).")
+@_option("--min-pore-voxels", default=None, type=click.IntRange(0), show_default="off",
+         help="Also remove pore components smaller than this many voxels (a size rule of your own, on top of "
+              "the method's post-processing; recorded in the metrics).")
+@_option("--sample", default="auto", show_default=True,
+         help="Which voxels are the sample: auto (find it by its shape: a cylinder fitted to a core's surface, "
+              "a container's wall and the air around left out, or a block's outline; every figure is of the "
+              "sample only), all (every voxel), or a mask file (1 = sample) of the scan's shape and affine.")
+@_sample_margin_option
+@_tmp_dir_option
+@_output_format_option
+def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
+                chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, sample_margin, tmp_dir,
+                output_format):
+    """Reconstruct the 3D pores of SCANS (NIfTI, TIFF, HDF, MetaImage, NRRD or OME-Zarr files, or folders of slices).
+
+    Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
+    <stem>_metrics.json per scan (with --output-format ome-zarr: <stem>_pores.ome.zarr and
+    <stem>_prob.ome.zarr, multiscale).
+
+    Existing outputs are kept unless --overwrite is given: such a scan is refused with a message
+    and the other scans go on. Every file is written whole or not at all (a temporary file, then
+    a rename), the metrics file last, so a metrics file means a complete set. A scan is refused
+    before any work when the disk cannot hold what its run writes (checked in OUTDIR and
+    --tmp-dir), or while another run writes the same outputs.
+
+    Memory: the whole process is bounded by --memory-gb (default 1.5 GB): the scan is streamed
+    from disk slab by slab, and a larger budget allows larger tiles and chunks. The U-Net
+    baselines hold the whole scan in memory, whatever --memory-gb says. Time grows with the
+    number of voxels (slices x rows x columns); with a CUDA GPU, use --device cuda: the tiles
+    then follow the GPU's free memory (at most --gpu-memory-gb) and --memory-gb bounds the host
+    (CUDA's libraries count in it). See docs/performance.md for measured figures.
+
+    Exit codes: 0 done; 2 bad input or usage (one line on stderr per bad scan, naming the file);
+    1 internal error (ctpore batch: 3 when some scans failed).
+    """
+    from ctpore.pipelines.reconstruct import reconstruct_file
+
+    if truth is not None and len(scans) > 1:
+        raise InputError("--truth applies to a single scan; give one SCAN with it")
+    failed = 0
+    for scan in scans:
+        try:
+            with _Progress(scan.name) as bar:
+                out = reconstruct_file(
+                    scan, outdir, method, overwrite=overwrite, weights=weights, device=device,
+                    slice_axis=slice_axis, truth=truth, chunk_slices=chunk_slices, tile=tile, progress=bar,
+                    memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
+                    min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
+                    sample=sample if sample in ("auto", "all") else Path(sample), tmp_dir=tmp_dir,
+                    output_format=output_format, sample_margin=sample_margin,
+                )
+        except InputError as exc:
+            _error(str(exc))
+            failed += 1
+            continue
+        m = out["result"]
+        line = (f"{scan} -> {out['pores']}  porosity {m['porosity']:.4f}  Euler {m['euler_number']}"
+                f"  pores {m['n_pores']}  [{m['method']}, {m['seconds']:.1f} s]")
+        if "dice" in m:
+            line += f"  Dice {m['dice']:.4f}  MSE {m['mse']:.5f}"
+        click.echo(line)
+    return EXIT_INPUT if failed else EXIT_OK
