@@ -17,6 +17,7 @@ from ctpore.app.attention_cli import attention
 from ctpore.app.batch_cli import batch
 from ctpore.app.bench_cli import bench
 from ctpore.app.evaluate_cli import evaluate
+from ctpore.app.finetune_cli import finetune
 from ctpore.app.info_cli import info
 from ctpore.app.reconstruct_cli import reconstruct
 from ctpore.app.simulate_cli import simulate
@@ -39,7 +40,8 @@ def cli() -> None:
     """
 
 
-for _command in (reconstruct, batch, evaluate, info, simulate, train, attention, bench):  # each in app/<name>_cli.py
+for _command in (reconstruct, batch, evaluate, info, simulate, train, finetune, attention,
+                 bench):  # each in app/<name>_cli.py
     cli.add_command(_command)
 
 

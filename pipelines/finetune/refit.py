@@ -1,0 +1,86 @@
+"""The cheap first rung of adapting to a user's scanner: the post-processing refitted on their labels.
+
+With the network frozen, the raw pore probabilities of each scan are computed once, through the one
+reconstruct pipeline (:func:`raw_probability`: the sample found, the outside filled, the
+surface's rim cleared, exactly what ``ctpore reconstruct`` thresholds), and on the labels that
+train (never the held-back ones):
+
+- the threshold whose components are pores: the one of :data:`THRESHOLDS` with the best Dice on
+  the labelled voxels (ties: the nearest to the weights' own);
+- the evidence rule's confidence (:class:`~ctpore.data.postprocess.Postprocessing`): of
+  :data:`CONFIDENCES` (and the weights' own), the one whose pores, post-processed as
+  ``reconstruct`` does, agree best with the labels (Dice, then the 2D Euler numbers of the
+  labelled planes);
+- the probability calibration (:func:`~ctpore.data.calibration.fit_calibration`) on the labelled
+  voxels. Calibration alone changes no pore; the threshold does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional
+
+import numpy as np
+
+from ctpore.data.calibration import fit_calibration
+from ctpore.data.io import Geometry
+from ctpore.data.postprocess import Postprocessing
+from ctpore.data.sparse_labels import PORE, UNLABELLED
+from ctpore.progress import ProgressFn
+
+__all__ = ["THRESHOLDS", "CONFIDENCES", "raw_probability", "refit_postprocessing"]
+
+#: The thresholds tried.
+THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.1, 0.96, 0.05))
+
+#: The evidence rule's confidences tried (None: off).
+CONFIDENCES = (None, 0.9, 0.97, 0.99)
+
+
+def raw_probability(volume: np.ndarray, geometry: Geometry, predictor: Any, *, sample: Any = "auto",
+                    memory_gb: Optional[float] = None, progress: ProgressFn = None) -> np.ndarray:
+    """The raw pore probabilities ``ctpore reconstruct`` thresholds, float32 ``(Z, Y, X)``: the run's
+    own steps with a post-processing that only clears the outside and the rim (no calibration, no
+    component rule)."""
+    from ctpore.pipelines.reconstruct_run import run_reconstruction
+    from ctpore.pipelines.sinks import ArraySink
+
+    post = predictor.post
+    predictor.post = Postprocessing(threshold=0.5, binary=post.binary)
+    try:
+        sink = ArraySink(geometry.shape)
+        run_reconstruction(volume, geometry, predictor, sink, memory_gb=memory_gb, sample=sample, progress=progress)
+    finally:
+        predictor.post = post
+    return np.asarray(sink.prob, np.float32)
+
+
+def _dice(pred: np.ndarray, truth: np.ndarray) -> float:
+    denom = int(np.count_nonzero(pred)) + int(np.count_nonzero(truth))
+    return 1.0 if denom == 0 else 2.0 * int(np.count_nonzero(pred & truth)) / denom
+
+
+def refit_postprocessing(probs: list, labels: list, base: Postprocessing) -> tuple[Postprocessing, dict]:
+    """The post-processing refitted on ``labels`` (the training part: 0 / 1 pore / 2 solid) of the
+    scans whose raw probabilities are ``probs``; returns it and what was tried (module docstring)."""
+    where = [lab != UNLABELLED for lab in labels]
+    p = np.concatenate([prob[w] for prob, w in zip(probs, where)]).astype(np.float32)
+    t = np.concatenate([lab[w] == PORE for lab, w in zip(labels, where)])
+    scores = {float(th): _dice(p >= th, t) for th in sorted(set(THRESHOLDS) | {float(base.threshold)})}
+    best = max(scores.values())
+    threshold = min((th for th, d in scores.items() if d >= best - 1e-9), key=lambda th: abs(th - base.threshold))
+    tried = {}
+    for conf in sorted(set(CONFIDENCES) | {base.confidence}, key=lambda c: -1.0 if c is None else c):
+        if conf is not None and conf < threshold:
+            continue
+        post = Postprocessing(threshold=threshold, confidence=conf, min_size=base.min_size)
+        pores = [post.apply(prob)[0].astype(bool) for prob in probs]
+        q = np.concatenate([pr[w] for pr, w in zip(pores, where)])
+        tried["none" if conf is None else str(conf)] = _dice(q, t)
+    top = max(tried.values())
+    chosen = next(k for k, v in tried.items() if v >= top - 1e-9)
+    confidence = None if chosen == "none" else float(chosen)
+    cal = fit_calibration([(prob[w], (lab[w] == PORE).astype(np.uint8)) for prob, lab, w in zip(probs, labels, where)])
+    post = replace(base, threshold=threshold, confidence=confidence, calibration=cal)
+    return post, {"threshold_dice": scores, "confidence_dice": tried, "threshold": threshold,
+                  "confidence": confidence}

@@ -1,0 +1,144 @@
+"""Fine-tuning a learned method's network on a user's labelled voxels.
+
+Crops are drawn around labelled voxels of the training part (the held-back part never trains);
+the loss is binary cross-entropy and a soft Dice on the labelled voxels only, wherever they lie (a
+painted XY slice, an XZ or YZ one, a stroke). Crops get a random in-plane flip and turn. The
+network is checked on the held-back labels every :data:`CHECK_EVERY` steps, through the same
+probabilities ``reconstruct`` would give on those crops; tuning stops at ``steps``, at
+``minutes``, or after :data:`PATIENCE` checks without a better held-back MSE, and the best
+network is kept. Step ``s`` draws from ``np.random.default_rng([seed, s])`` and torch is seeded
+once, so the same seed and labels give the same weights on a CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from ctpore.data.sparse_labels import PORE, UNLABELLED
+from ctpore.progress import ProgressFn
+
+__all__ = ["CHECK_EVERY", "PATIENCE", "CROP", "tune_network"]
+
+#: Steps between two checks on the held-back labels.
+CHECK_EVERY = 10
+
+#: Checks without a better held-back MSE before tuning stops.
+PATIENCE = 4
+
+#: The crop (Z, Y, X) a step trains on (clipped to the scan).
+CROP = (16, 64, 64)
+
+
+def _crop_around(rng, shape, voxel, crop) -> tuple:
+    starts = []
+    for n, c, v in zip(shape, crop, voxel):
+        c = min(c, n)
+        lo, hi = max(0, v - c + 1), min(v, n - c)
+        starts.append(int(rng.integers(lo, hi + 1)))
+    return tuple(slice(s, s + min(c, n)) for s, c, n in zip(starts, crop, shape))
+
+
+def _forward(model: nn.Module, x: torch.Tensor, z0: int) -> torch.Tensor:
+    try:
+        return model(x, z0=z0)
+    except TypeError:  # the U-Nets take no depth
+        return model(x)
+
+
+def _loss(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    bce = nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
+    n = mask.sum().clamp(min=1.0)
+    prob = torch.sigmoid(logits) * mask
+    inter = (prob * target).sum()
+    dice = 1 - (2 * inter + 1) / (prob.sum() + (target * mask).sum() + 1)
+    return (bce * mask).sum() / n + 0.5 * dice
+
+
+def _batch(rng, volumes, labels, points, crop):
+    k = int(rng.integers(len(points)))
+    voxel = points[k][int(rng.integers(len(points[k])))]
+    sl = _crop_around(rng, volumes[k].shape, voxel, crop)
+    x, lab = volumes[k][sl], labels[k][sl]
+    if rng.random() < 0.5:
+        x, lab = x[:, ::-1], lab[:, ::-1]
+    if rng.random() < 0.5:
+        x, lab = x[:, :, ::-1], lab[:, :, ::-1]
+    turns = int(rng.integers(4)) if x.shape[1] == x.shape[2] else 0
+    x, lab = np.rot90(x, turns, axes=(1, 2)), np.rot90(lab, turns, axes=(1, 2))
+    return np.ascontiguousarray(x), np.ascontiguousarray(lab), sl[0].start
+
+
+def _held_mse(model, volumes, held, crop) -> float:
+    """MSE of the network's probabilities on the held-back voxels, each held-back voxel predicted in
+    a crop that ends at its slice (the causal model sees the slices before it, as when streamed)."""
+    sq, n = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for vol, lab in zip(volumes, held):
+            zs = np.flatnonzero((lab != UNLABELLED).any(axis=(1, 2)))
+            for z in zs:
+                z0 = max(0, int(z) - crop[0] + 1)
+                x = torch.from_numpy(np.ascontiguousarray(vol[z0:z + 1]))[None]
+                p = torch.sigmoid(_forward(model, x, z0))[0, -1].numpy()
+                m = lab[z] != UNLABELLED
+                sq += float(((p[m] - (lab[z][m] == PORE)) ** 2).sum())
+                n += int(m.sum())
+    model.train()
+    return sq / max(n, 1)
+
+
+def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, steps: int = 300,
+                 minutes: Optional[float] = None, seed: int = 0, lr: float = 1e-4, crop: tuple = CROP,
+                 progress: ProgressFn = None, should_stop=None) -> dict:
+    """Fine-tune ``model`` in place on ``train`` (label codes per normalized volume of ``volumes``),
+    checked on ``held``; leaves the best network in ``model`` and returns ``{"steps", "best_step",
+    "seconds", "history", "stopped"}`` (``stopped``: why it ended)."""
+    torch.manual_seed(seed)
+    points = [np.argwhere(t != UNLABELLED) for t in train]
+    vols = [np.asarray(v, np.float32) for v in volumes]
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=1e-4)
+    model.train()
+    t0 = time.perf_counter()
+    best = _held_mse(model, vols, held, crop)
+    history = [{"step": 0, "held_mse": best}]
+    best_state, best_step, since, stopped = copy.deepcopy(model.state_dict()), 0, 0, "steps"
+    step = 0
+    for step in range(1, steps + 1):
+        rng = np.random.default_rng([seed, step])
+        x, lab, z0 = _batch(rng, vols, train, points, crop)
+        xt = torch.from_numpy(x)[None]
+        target = torch.from_numpy((lab == PORE).astype(np.float32))[None]
+        mask = torch.from_numpy((lab != UNLABELLED).astype(np.float32))[None]
+        loss = _loss(_forward(model, xt, z0).float(), target, mask)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if progress is not None:
+            progress(step, steps, "fine-tuning")
+        if step % CHECK_EVERY == 0 or step == steps:
+            mse = _held_mse(model, vols, held, crop)
+            history.append({"step": step, "loss": loss.item(), "held_mse": mse})
+            if mse < best - 1e-6:
+                best, best_step, since = mse, step, 0
+                best_state = copy.deepcopy(model.state_dict())
+            else:
+                since += 1
+            if since >= PATIENCE:
+                stopped = f"no better held-back MSE in {PATIENCE} checks"
+                break
+        if minutes is not None and time.perf_counter() - t0 > 60.0 * minutes:
+            stopped = f"{minutes:g} minutes"
+            break
+        if should_stop is not None and should_stop():
+            stopped = "cancelled"
+            break
+    model.load_state_dict(best_state)
+    model.eval()
+    return {"steps": step, "best_step": best_step, "seconds": round(time.perf_counter() - t0, 1),
+            "history": history, "stopped": stopped}

@@ -1,0 +1,200 @@
+"""``ctpore finetune``: sparse labels read and refused as the convention says, the hold-out, the
+held-back figures against hand-made truths, the refit, and a short tuning that reloads and repeats."""
+
+from __future__ import annotations
+
+import json
+
+import nibabel as nib
+import numpy as np
+import pytest
+from helpers import run_cli
+
+from ctpore.data.io import read_volume
+from ctpore.data.sparse_labels import PORE, SOLID, read_sparse_labels
+from ctpore.errors import InputError
+from ctpore.pipelines.finetune.holdout import HOLD_SHARE, held_figures, hold_out
+from ctpore.pipelines.finetune.refit import refit_postprocessing
+
+SHAPE = (24, 40, 40)  # (Z, Y, X)
+
+
+def _save(path, zyx, affine=None):
+    img = nib.Nifti1Image(np.ascontiguousarray(np.asarray(zyx).T), np.diag([0.02, 0.02, 0.02, 1]) if affine is None
+                          else affine)
+    img.header.set_xyzt_units("mm")
+    nib.save(img, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    """A simulated scan, its truth, and sparse labels on three XY slices taken from the truth."""
+    from ctpore.data.synthetic import make_pair
+
+    tmp = tmp_path_factory.mktemp("ft")
+    scan, truth, _ = make_pair(7, shape=SHAPE)
+    labels = np.zeros(SHAPE, np.uint8)
+    for z in (4, 12, 20):
+        labels[z] = np.where(truth[z] == 1, PORE, SOLID)
+    return {"scan": _save(tmp / "scan.nii.gz", scan), "truth": truth, "labels": _save(tmp / "lab.nii.gz", labels),
+            "dense": _save(tmp / "dense.nii.gz", truth.astype(np.uint8)), "tmp": tmp, "array": labels}
+
+
+# -- reading the labels ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case, want", [
+    ("empty", "no voxel is labelled"),
+    ("pore-only", "give --dense"),
+    ("solid-only", "paint some pore"),
+    ("values", "found also 7"),
+    ("shape", "differs from the scan's"),
+    ("affine", "affine"),
+])
+def test_bad_labels_are_refused_with_one_line_that_says_what_to_do(scene, case, want, tmp_path):
+    lab = np.zeros(SHAPE, np.uint8)
+    if case == "pore-only":
+        lab[3, 5:9, 5:9] = 1
+    elif case == "solid-only":
+        lab[3] = 2
+    elif case == "values":
+        lab[3, 0, 0], lab[4] = 7, 2
+        lab[5, 1, 1] = 1
+    elif case == "shape":
+        lab = np.ones((SHAPE[0] - 1, *SHAPE[1:]), np.uint8)
+    path = _save(tmp_path / "l.nii.gz", lab, np.diag([0.04, 0.02, 0.02, 1]) if case == "affine" else None)
+    if case == "affine":
+        lab[2] = 2
+        lab[2, :4, :4] = 1
+        _save(path, lab, np.diag([0.04, 0.02, 0.02, 1]))
+    _vol, geom = read_volume(scene["scan"])
+    with pytest.raises(InputError, match=want):
+        read_sparse_labels(path, geom)
+
+
+def test_a_dense_truth_is_read_only_with_dense_and_then_labels_every_voxel(scene):
+    _vol, geom = read_volume(scene["scan"])
+    with pytest.raises(InputError, match="--dense"):
+        read_sparse_labels(scene["dense"], geom)
+    lab = read_sparse_labels(scene["dense"], geom, dense=True)
+    np.testing.assert_array_equal(lab, np.where(scene["truth"] == 1, PORE, SOLID))
+
+
+def test_the_command_refuses_unpaired_labels_and_leaves_nothing(scene, capsys, tmp_path):
+    out = tmp_path / "w.safetensors"
+    code, _o, err = run_cli(["finetune", scene["scan"], "--scan", scene["scan"], "--labels", scene["labels"],
+                             "-o", out], capsys)
+    assert code == 2 and "pair up" in err and len(err.strip().splitlines()) == 1
+    code, _o, err = run_cli(["finetune", scene["scan"], "--labels", scene["dense"], "-o", out], capsys)
+    assert code == 2 and "--dense" in err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+# -- the hold-out and the figures ------------------------------------------------------------------
+
+
+def test_one_labelled_plane_in_three_is_held_back_in_the_view_painted():
+    lab = np.zeros((10, 12, 14), np.uint8)
+    for x in (1, 4, 7, 10, 13):  # YZ planes
+        lab[:, :, x] = SOLID
+        lab[2:5, 3:6, x] = PORE
+    split = hold_out(lab)
+    assert split.axis == 2 and split.planes == [1, 4, 7, 10, 13] and split.held_planes == [4, 13]
+    assert not np.any((split.train != 0) & (split.held != 0))
+    np.testing.assert_array_equal(np.where(split.held != 0, split.held, split.train), lab)
+
+
+def test_with_fewer_planes_a_block_of_each_plane_is_held_back():
+    lab = np.zeros((6, 50, 30), np.uint8)
+    lab[2] = SOLID
+    lab[2, 10:20, 5:15] = PORE
+    split = hold_out(lab)
+    share = np.count_nonzero(split.held) / np.count_nonzero(lab)
+    assert split.held_planes == [] and abs(share - HOLD_SHARE) < 0.05
+    rows = np.nonzero(split.held[2])[0]
+    assert rows.min() >= np.nonzero(split.train[2])[0].max()  # a block: the last rows, apart from the rest
+
+
+def test_the_boundary_shift_and_the_euler_numbers_against_drawn_squares():
+    """A square pore predicted one voxel wider on every side reads about +1, one voxel narrower about
+    -1, the same 0; the 2D Euler numbers are those of skimage on the held-back plane."""
+    from skimage.measure import euler_number
+
+    yy, xx = np.mgrid[:40, :40]
+    disc = lambda r: (np.abs(yy - 20) <= r) & (np.abs(xx - 20) <= r)  # noqa: E731
+    lab = np.zeros((9, 40, 40), np.uint8)
+    for z in (1, 4, 7):
+        lab[z] = np.where(disc(10), PORE, SOLID)
+    lab[4, 2:5, 2:5] = PORE  # a second pore in the held-back plane only
+    split = hold_out(lab)
+    assert split.held_planes == [4]
+    for r, want in ((10, 0.0), (11, 1.0), (9, -1.0)):
+        prob = np.zeros(lab.shape, np.float32)
+        prob[:] = disc(r)
+        prob[4, 2:5, 2:5] = 1.0
+        f = held_figures(prob, 0.5, split)
+        assert abs(f["boundary_shift_vox"] - want) < 0.2, (r, f)
+    f = held_figures(np.zeros(lab.shape, np.float32), 0.5, split)
+    assert f["euler_2d"] == [[0, int(euler_number(lab[4] == PORE, connectivity=2))]] and f["euler_2d_error"] == 2
+
+
+def test_the_refit_finds_the_labellers_threshold():
+    """Labels whose pores end where the probability reaches 0.8 (a labeller who draws them thinner):
+    the refitted threshold is 0.8, and the calibration maps the probabilities to those labels."""
+    rng = np.random.default_rng(3)
+    prob = rng.random((4, 32, 32)).astype(np.float32)
+    labels = np.where(prob >= 0.8, PORE, SOLID).astype(np.uint8)
+    labels[1] = 0
+    from ctpore.data.postprocess import Postprocessing
+
+    post, tried = refit_postprocessing([prob], [labels], Postprocessing(threshold=0.5))
+    assert post.threshold == pytest.approx(0.8) and post.calibration is not None
+    assert tried["threshold_dice"][0.8] == pytest.approx(1.0)
+
+
+# -- a short tuning ----------------------------------------------------------------------------------
+
+
+def test_a_short_tuning_writes_weights_that_reload_repeat_and_name_themselves(scene, capsys):
+    tmp = scene["tmp"]
+    args = ["finetune", scene["scan"], "--labels", scene["labels"], "--steps", "3", "--seed", "1", "--json"]
+    code, out1, err = run_cli([*args, "-o", tmp / "a.safetensors"], capsys)
+    assert code == 0, err
+    rep = json.loads(out1)
+    assert {"before", "refit", "after"} <= set(rep) and rep["tuning"]["steps"] == 3
+    code, _o, err = run_cli([*args, "-o", tmp / "b.safetensors"], capsys)
+    assert code == 0, err
+    from safetensors.torch import load_file
+
+    from ctpore.models.weights import read_metadata
+
+    a, b = load_file(tmp / "a.safetensors"), load_file(tmp / "b.safetensors")
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)  # the same seed: the same weights
+    meta = read_metadata(tmp / "a.safetensors")
+    prov = json.loads(meta["finetune"])
+    assert prov["label_counts"][0]["pore"] + prov["label_counts"][0]["solid"] == 3 * SHAPE[1] * SHAPE[2]
+    assert prov["steps"] == 3 and set(prov["held_back"]) == {"before", "refit", "after"}
+    for run in ("r1", "r2"):
+        code, _o, err = run_cli(["reconstruct", scene["scan"], "-o", tmp / run, "--weights", tmp / "a.safetensors"],
+                                capsys)
+        assert code == 0, err
+    m = json.loads((tmp / "r1" / "scan_metrics.json").read_text())
+    assert "fine-tuned" in m["model"]["name"]
+    import gzip
+
+    for name in ("scan_pores.nii.gz", "scan_prob.nii.gz"):  # the volumes' bytes (gzip's header names its temp file)
+        assert gzip.decompress((tmp / "r1" / name).read_bytes()) == gzip.decompress((tmp / "r2" / name).read_bytes())
+
+
+def test_calibrate_only_keeps_the_network(scene, capsys):
+    from safetensors.torch import load_file
+
+    from ctpore.models.weights import weights_dir
+
+    out = scene["tmp"] / "c.safetensors"
+    code, _o, err = run_cli(["finetune", scene["scan"], "--labels", scene["labels"], "--calibrate-only", "-o", out],
+                            capsys)
+    assert code == 0, err
+    a, b = load_file(out), load_file(weights_dir() / "poreformer.safetensors")
+    assert all(bool((a[k] == b[k]).all()) for k in b)
