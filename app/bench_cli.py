@@ -185,3 +185,39 @@ def bench_sample(n, shape, timings, outdir):
                    f"porosity diff max {v['porosity_diff_max']:.4f}")
     click.echo(f"wrote {path}")
     return EXIT_OK
+
+
+@bench.command("adapt")
+@_option("--quick", is_flag=True, show_default=True, help="One small scan and a few steps (a check that it runs).")
+@_option("--shape", default="128x256x256", show_default=True, help="Scan shape Z x Y x X.")
+@_option("--n-scans", default=4, show_default=True, type=click.IntRange(1), help="Scans (one per pore family).")
+@_option("--steps", default=300, show_default=True, type=click.IntRange(1), help="Most steps of each tuning.")
+@_option("--minutes", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Most minutes of each.")
+@_option("--workdir", default=Path("runs/adapt"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the scans, labels and tuned weights go.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where adapt.md and adapt.json are written.")
+def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir):
+    """Adapting to a scanner and labeller ctpore never met, from 1 or 3 labelled slices, beside the Fiji
+    pipeline and the untuned models; writes OUTDIR/adapt.md and .json."""
+    from ctpore.app.console import parse_shape
+    from ctpore.pipelines.bench.adapt import bench_adapt as run
+    from ctpore.pipelines.bench.adapt import write_adapt_report
+
+    dims = (24, 64, 64) if quick else parse_shape(shape, "--shape")
+    n_scans, steps = (1, 5) if quick else (n_scans, steps)
+    with _Progress("bench adapt") as bar:
+        res = run(shape=dims, n_scans=n_scans, steps=steps, minutes=minutes, workdir=workdir, progress=bar)
+    command = "ctpore bench adapt" + (" --quick" if quick else "") + (f" --shape {shape}" if shape != "128x256x256"
+                                                                      and not quick else "")
+    command += (f" --n-scans {n_scans}" if n_scans != 4 and not quick else "") + (
+        f" --steps {steps}" if steps != 300 and not quick else "") + (f" --minutes {minutes:g}" if minutes != 10.0
+                                                                       else "")
+    if outdir != Path("docs"):
+        command += f" -o {outdir}"
+    jpath, mpath = write_adapt_report(res, outdir, command)
+    for name, m in res["means"].items():
+        click.echo(f"{name:<28} MSE {m['mse']:.4f}  Dice {m['dice']:.3f}  |χ err| {m['euler_error']:.1f}  "
+                   f"{m['adapt_seconds']:.0f} s")
+    click.echo(f"wrote {mpath} and {jpath}")
+    return EXIT_OK

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from ctpore.data.io.nifti import keeps_voxel_order, nifti_image
 from ctpore.data.io.tiff import write_tiff
 from ctpore.errors import InputError
 
-__all__ = ["save_volume", "SlabWriter", "spools", "volume_writer"]
+__all__ = ["save_volume", "SlabWriter", "DeterministicGzip", "spools", "volume_writer"]
 
 
 def save_volume(
@@ -107,6 +108,22 @@ def spools(geometry: Geometry) -> bool:
     return perm != (2, 1, 0)
 
 
+class DeterministicGzip(gzip.GzipFile):
+    """A gzip file whose bytes follow from its data alone: no time stamp and no file name in its
+    header (the name would be the temporary one it is written under), as nibabel writes its own, so
+    the same run writes the same bytes. Closes the file it writes into."""
+
+    def __init__(self, path: str | Path, compresslevel: int = 1):
+        self._raw = open(path, "wb")
+        super().__init__(filename="", mode="wb", compresslevel=compresslevel, fileobj=self._raw, mtime=0)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
 class SlabWriter:
     """Write a ``(Z, Y, X)`` volume to NIfTI slab by slab in z order, whole or not at all.
 
@@ -128,8 +145,6 @@ class SlabWriter:
 
     def __init__(self, path: str | Path, geometry: Geometry, dtype: Any, compresslevel: int = 1,
                  spool_dir: str | Path | None = None):
-        import gzip
-
         self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
         if not self.path.name.lower().endswith(NIFTI_SUFFIXES):
             raise InputError("a volume written slab by slab must be NIfTI (.nii or .nii.gz)", self.path)
@@ -148,7 +163,7 @@ class SlabWriter:
         tmp = self._ctx.__enter__()
         try:
             gz = self.path.name.lower().endswith(".gz")
-            self._fh = gzip.open(tmp, "wb", compresslevel=compresslevel) if gz else open(tmp, "wb")
+            self._fh = DeterministicGzip(tmp, compresslevel) if gz else open(tmp, "wb")
             img.header.write_to(self._fh)
             self._fh.write(b"\0" * (int(img.header.get_data_offset()) - self._fh.tell()))
         except BaseException as exc:
