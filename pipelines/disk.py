@@ -170,18 +170,19 @@ def run_needs(shape, paths: dict, *, tmp_dir: Optional[PathLike] = None, copy: b
     tmp = Path(tmp_dir) if tmp_dir is not None else outdir
     from ctpore.pipelines.output_formats import OUTPUT_FORMATS
 
-    def written(fmt: str) -> dict:  # the volume outputs of one format, and their bytes a voxel
+    def written(spooled: bool) -> dict:  # the volume outputs (in the file's axis order or not), bytes a voxel
         return {k: OUTPUT_BYTES_PER_VOXEL.get(k, 1) for k, p in paths.items()
-                if str(p).lower().endswith(OUTPUT_FORMATS[fmt].suffix) and (k != "sample" or outside)}
+                for f in OUTPUT_FORMATS.values() if f.file_axis_order == spooled
+                and str(p).lower().endswith(f.suffix) and (k != "sample" or outside)}
 
-    volumes, stores = written("nifti"), written("ome-zarr")
+    volumes, stores = written(True), written(False)
     needs = [Need("raw probabilities", 4 * voxels, tmp, "both")]
     if outside:
         needs.append(Need("outside mask", voxels, tmp, "both"))
         needs.append(Need("copy of the scan with its outside filled", 4 * voxels, tmp, "predict"))
     elif copy:
         needs.append(Need("uncompressed copy of the scan", 4 * voxels, tmp, "predict"))
-    if spool and volumes:  # only NIfTI outputs wait in the file's axis order; OME-Zarr is written in z order
+    if spool and volumes:  # only outputs in the file's axis order wait (NIfTI); OME-Zarr is written in z order
         needs.append(Need("output slabs", sum(volumes.values()) * voxels, tmp, "post"))
     needs += [Need(f"{k} output", gzip_bound(b * voxels), outdir, "post") for k, b in volumes.items()]
     # OME-Zarr: the pyramid adds at most 1/7 to level 0; each chunk file (>= 64 K voxels) may

@@ -16,18 +16,21 @@ __all__ = ["DEFAULT_OUTPUT_FORMAT", "OUTPUT_FORMATS", "OutputFormat"]
 
 @dataclass(frozen=True)
 class OutputFormat:
-    """One output format: the suffix of its volume outputs, and the optional library it needs
-    (checked before any work, rather than when the first slab is written)."""
+    """One output format: the suffix of its volume outputs, the optional library it needs
+    (checked before any work, rather than when the first slab is written), and whether it is
+    written in the input file's axis order (so that, when z is not the file's slowest axis, the
+    slabs wait on disk until the end: the disk estimate counts them)."""
 
     suffix: str
     label: str
     library: Optional[str] = None
+    file_axis_order: bool = False
 
 
 #: Output format -> how it is written (NIfTI is the default; OME-Zarr for scans that NIfTI tools
 #: handle badly, above a few GB: multiscale, opened lazily by napari).
 OUTPUT_FORMATS = {
-    "nifti": OutputFormat(".nii.gz", "NIfTI"),
+    "nifti": OutputFormat(".nii.gz", "NIfTI", file_axis_order=True),
     "ome-zarr": OutputFormat(".ome.zarr", "OME-Zarr", library="zarr"),
 }
 
