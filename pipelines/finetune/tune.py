@@ -13,6 +13,7 @@ once, so the same seed and labels give the same weights on a CPU.
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from typing import Optional
 
@@ -34,6 +35,9 @@ PATIENCE = 4
 #: The crop (Z, Y, X) a step trains on (clipped to the scan).
 CROP = (16, 64, 64)
 
+#: A U-Net's input is padded to a multiple of this on every axis (its strides).
+UNET_MULTIPLE = 16
+
 
 def _crop_around(rng, shape, voxel, crop) -> tuple:
     starts = []
@@ -45,10 +49,15 @@ def _crop_around(rng, shape, voxel, crop) -> tuple:
 
 
 def _forward(model: nn.Module, x: torch.Tensor, z0: int) -> torch.Tensor:
-    try:
+    """Logits of ``x`` (B, Z, Y, X): PoreFormer with the crop's absolute depth; a U-Net on the crop
+    padded (edge values repeated) to a multiple of :data:`UNET_MULTIPLE` on every axis, cropped back."""
+    if "z0" in inspect.signature(model.forward).parameters:
         return model(x, z0=z0)
-    except TypeError:  # the U-Nets take no depth
+    pads = [(-int(s)) % UNET_MULTIPLE for s in x.shape[1:]]
+    if not any(pads):
         return model(x)
+    xp = nn.functional.pad(x[:, None], (0, pads[2], 0, pads[1], 0, pads[0]), mode="replicate")[:, 0]
+    return model(xp)[:, :x.shape[1], :x.shape[2], :x.shape[3]]
 
 
 def _loss(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
