@@ -196,3 +196,35 @@ def test_calibrate_only_keeps_the_network(scene, capsys):
     assert code == 0, err
     a, b = load_file(out), load_file(weights_dir() / "poreformer.safetensors")
     assert all(bool((a[k] == b[k]).all()) for k in b)
+
+
+def test_bench_adapt_quick_runs_every_rung_and_writes_its_report(tmp_path, capsys):
+    """``ctpore bench adapt --quick``: the other scanner's scan, every method and rung scored on the
+    slices away from the labelled ones, and the report written with the command that wrote it."""
+    code, out, err = run_cli(["bench", "adapt", "--quick", "-o", tmp_path, "--workdir", tmp_path / "w"], capsys)
+    assert code == 0, err
+    res = json.loads((tmp_path / "adapt.json").read_text())
+    assert res["command"].startswith("ctpore bench adapt --quick")
+    want = {"otsu", "poreformer", "unet2d", "unet3d", "poreformer refit k=3", "poreformer tuned k=1",
+            "poreformer tuned k=3", "unet2d tuned k=3", "unet3d tuned k=3"}
+    assert set(res["means"]) == want
+    for m in res["means"].values():
+        assert 0.0 <= m["mse"] <= 1.0 and 0.0 <= m["dice"] <= 1.0 and m["euler_error"] >= 0
+    assert "| poreformer tuned k=3 |" in (tmp_path / "adapt.md").read_text()
+
+
+def test_the_other_scanner_and_labeller_are_what_the_bench_says():
+    """The labeller's boundary lies a voxel outside (or inside) the truth's; the scored blocks keep
+    their distance from every labelled slice; the scanner's pores are darker than its solid."""
+    from ctpore.pipelines.bench.adapt import GAP, labeller, labelled_slices, other_scanner, scored_blocks
+
+    truth = np.zeros((12, 32, 32), np.uint8)
+    truth[:, 10:20, 10:20] = 1
+    out, inn = labeller(truth, True), labeller(truth, False)
+    assert out.sum() > truth.sum() > inn.sum() and np.all(out >= truth) and np.all(inn <= truth)
+    zs = labelled_slices(64, 3)
+    assert zs == [16, 32, 48]
+    for z0, z1 in scored_blocks(64, zs):
+        assert all(abs(z - s) >= GAP for z in range(z0, z1) for s in zs)
+    scan = other_scanner(truth, np.random.default_rng(0)).astype(float)
+    assert scan[:, 12:18, 12:18].mean() < scan[:, 24:, 24:].mean()

@@ -343,3 +343,31 @@ def test_the_found_sample_shows_by_its_outline_and_a_painted_mask_is_taken_as_th
     pores = [layer for layer in viewer.layers if layer.metadata.get(ROLE) == "pores"][-1].data  # the second run's
     assert not np.any((np.asarray(pores) > 0) & (painted == 0))
     assert viewer.layers["my mask"].metadata[ROLE] == SAMPLE_MASK_ROLE
+
+
+def test_paint_fine_tune_and_reconstruct_with_the_tuned_weights(make_napari_viewer, qtbot, scan_file, tmp_path):
+    """The loop in the viewer: a labels layer in pore and solid colours, three slices painted, a few
+    steps of tuning in the worker, the tuned weights written and the scan reconstructed with them;
+    then "Label next" marks the slice where the tuned model is least sure."""
+    from ctpore.app.napari.finetune_dock import FineTuneWidget
+    from ctpore.app.napari.tuning import LABELS_ROLE
+
+    viewer = make_napari_viewer()
+    viewer.open(str(scan_file), plugin="ctpore")
+    widget = FineTuneWidget(viewer)
+    widget.add_labels()
+    labels = viewer.layers["rock labels"]
+    assert labels.metadata["ctpore_role"] == LABELS_ROLE and widget.labels_choice.currentText() == "rock labels"
+    scan = np.asarray(viewer.layers["rock"].data)
+    for z in (3, 8, 13):  # painted: the darker half pore, the rest solid
+        labels.data[z] = np.where(scan[z] < np.median(scan[z]), 1, 2)
+    widget.steps.setValue(3)
+    widget.out.setText(str(tmp_path / "tuned.safetensors"))
+    widget.run()
+    qtbot.waitUntil(lambda: widget.run_button.isEnabled(), timeout=300_000)
+    assert widget.report is not None, widget.status.text()
+    assert (tmp_path / "tuned.safetensors").is_file() and "tuned: MSE" in widget.status.text()
+    pores = viewer.layers["rock (tuned) pores"]
+    assert "fine-tuned" in pores.metadata["ctpore_metrics"]["model"]["name"]
+    widget.mark_next()
+    assert "label next" in viewer.layers and viewer.dims.current_step[0] == int(viewer.layers["label next"].data[0][0])

@@ -34,7 +34,7 @@ from ctpore.pipelines.finetune.holdout import Split, held_figures, hold_out
 from ctpore.pipelines.finetune.refit import raw_probability, refit_postprocessing
 from ctpore.progress import ProgressFn
 
-__all__ = ["finetune", "network_input"]
+__all__ = ["finetune", "finetune_volumes", "network_input"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -85,16 +85,10 @@ def finetune(scans: Sequence[PathLike], labels: Sequence[PathLike], out: PathLik
     """Fine-tune ``method`` on ``labels`` of ``scans`` and write the weights to ``out`` (module
     docstring). Returns the report: ``before``, ``refit``, ``after`` (held-back figures),
     ``split``, ``tuning``, ``weights``."""
-    from ctpore.models.weights import load_network, read_metadata, save_weights
-    from ctpore.pipelines.methods import get_method
-    from ctpore.pipelines.reconstruct import build_predictor
-
     if len(scans) != len(labels) or not scans:
         raise InputError(f"labels and scans must pair up, one --labels per scan in order: got {len(scans)} scan(s) "
                          f"and {len(labels)} label file(s)")
-    spec = get_method(method)
-    if not spec.trainable:
-        raise InputError(f"{spec.name} has no network to tune; choose one of poreformer, unet3d, unet2d")
+    _trainable(method)
     out = _check_out(Path(out), overwrite)
     t0 = time.perf_counter()
     vols, geoms, labs = [], [], []
@@ -103,6 +97,34 @@ def finetune(scans: Sequence[PathLike], labels: Sequence[PathLike], out: PathLik
         vols.append(vol)
         geoms.append(geom)
         labs.append(read_sparse_labels(lab, geom, dense=dense))
+    return finetune_volumes(vols, geoms, labs, out, sources=[str(s) for s in scans],
+                            label_sources=[str(s) for s in labels], method=method, weights=weights, steps=steps,
+                            minutes=minutes, seed=seed, calibrate_only=calibrate_only, device=device, sample=sample,
+                            progress=progress, should_stop=should_stop, t0=t0)
+
+
+def _trainable(method: str):
+    from ctpore.pipelines.methods import get_method
+
+    spec = get_method(method)
+    if not spec.trainable:
+        raise InputError(f"{spec.name} has no network to tune; choose one of poreformer, unet3d, unet2d")
+    return spec
+
+
+def finetune_volumes(vols: list, geoms: list, labs: list, out: PathLike, *, sources: list, label_sources: list,
+                     method: str = "poreformer", weights: Optional[PathLike] = None, steps: int = 300,
+                     minutes: Optional[float] = None, seed: int = 0, calibrate_only: bool = False,
+                     device: str = "cpu", sample: Any = "auto", progress: ProgressFn = None, should_stop=None,
+                     t0: Optional[float] = None) -> dict:
+    """:func:`finetune` on scans and labels in memory (``labs``: checked sparse codes, as napari's
+    labels layers hold them); ``sources`` and ``label_sources`` name them in the provenance."""
+    from ctpore.models.weights import load_network, read_metadata, save_weights
+    from ctpore.pipelines.reconstruct import build_predictor
+
+    spec = _trainable(method)
+    out = Path(out)
+    t0 = time.perf_counter() if t0 is None else t0
     splits = [hold_out(lab) for lab in labs]
     predictor = build_predictor(spec.name, weights, device)
     base_post, base_sha = predictor.post, predictor.info["model"]["sha256"]
@@ -129,7 +151,7 @@ def finetune(scans: Sequence[PathLike], labels: Sequence[PathLike], out: PathLik
         report["after"] = {**_figures(raw, post, splits), "tried": tried}
     base_meta = read_metadata(base_path)
     provenance = {"base_weights_sha256": base_sha, "method": spec.name, "seed": seed,
-                  "scans": [str(s) for s in scans], "labels": [str(s) for s in labels],
+                  "scans": list(sources), "labels": list(label_sources),
                   "label_counts": [label_counts(lab) for lab in labs],
                   "hold_out": [s.how for s in splits], "steps": tuning["steps"], "best_step": tuning.get("best_step"),
                   "stopped": tuning["stopped"], "seconds": round(time.perf_counter() - t0, 1),
