@@ -210,7 +210,12 @@ def test_bench_adapt_quick_runs_every_rung_and_writes_its_report(tmp_path, capsy
     assert set(res["means"]) == want
     for m in res["means"].values():
         assert 0.0 <= m["mse"] <= 1.0 and 0.0 <= m["dice"] <= 1.0 and m["euler_error"] >= 0
-    assert "| poreformer tuned k=3 |" in (tmp_path / "adapt.md").read_text()
+    text = (tmp_path / "adapt.md").read_text()
+    assert "| poreformer tuned k=3 |" in text and "](adapt.png)" in text
+    from PIL import Image
+
+    with Image.open(tmp_path / "adapt.png") as im:  # two rows of four slices of the 64 x 64 quick scan, doubled
+        assert im.size[0] > 4 * 2 * 64 and im.size[1] > 2 * 2 * 64
 
 
 def test_the_other_scanner_and_labeller_are_what_the_bench_says():

@@ -29,7 +29,8 @@ from ctpore.data.sparse_labels import PORE, SOLID
 from ctpore.data.splits import FURTHER_SEED_BASE
 from ctpore.progress import ProgressFn
 
-__all__ = ["ADAPT_SEED_BASE", "GAP", "other_scanner", "labeller", "scored_blocks", "bench_adapt", "write_adapt_report"]
+__all__ = ["ADAPT_SEED_BASE", "GAP", "other_scanner", "labeller", "scored_blocks", "bench_adapt", "write_adapt_report",
+           "adapt_picture"]
 
 #: The held-out seeds of the scans' pore structures (the further held-out block, apart from the
 #: sample benchmark's 2600000).
@@ -108,7 +109,7 @@ def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 300, minut
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    cases = []
+    cases, figure = [], {}
     for i in range(n_scans):
         seed = ADAPT_SEED_BASE + i
         family = FAMILIES[i % len(FAMILIES)]
@@ -141,16 +142,59 @@ def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 300, minut
                          calibrate_only=cal_only, overwrite=True)
                 seconds = time.perf_counter() - t0
             r = reconstruct(scan, method=method, weights=weights, spacing_mm=(0.005, 0.005, 0.005))
+            if i == 0 and method == "poreformer" and rung in (None, "tuned") and k in (None, 3):
+                figure[name] = r.pores
             row["methods"][name] = {**score(r.probability, r.pores, truth, scored_blocks(shape[0], labelled)),
                                     "adapt_seconds": round(seconds, 1)}
             if progress is not None:
                 progress(len(row["methods"]), len(runs), f"scan {i + 1}/{n_scans}: {name}")
+        if i == 0:
+            figure.update(scan=scan, truth=truth, labelled=labelled_slices(shape[0], 3),
+                          scored=scored_blocks(shape[0], labelled_slices(shape[0], 3)))
         cases.append(row)
     names = list(cases[0]["methods"]) if cases else []
     means = {n: {k: float(np.mean([c["methods"][n][k] for c in cases]))
                  for k in ("mse", "dice", "euler_error", "adapt_seconds")} for n in names}
     return {"shape": list(shape), "n_scans": n_scans, "steps": steps, "minutes": minutes, "cases": cases,
-            "means": means}
+            "means": means, "figure": figure}
+
+
+def adapt_picture(fig: dict, path: Path) -> None:
+    """The first scan, two rows: a labelled slice with its labels (pore orange, solid cyan), and a
+    slice of the scored ones with the labeller's pores, the untuned PoreFormer's and the tuned one's
+    (k = 3), each in red over the grey scan."""
+    from PIL import Image
+
+    from ctpore.atomic import atomic_write
+    from ctpore.data.normalize import normalize_volume
+
+    v = np.clip(normalize_volume(fig["scan"].astype(np.float32)), 0, 1)
+    zl = fig["labelled"][len(fig["labelled"]) // 2]
+    z0, z1 = max(fig["scored"], key=lambda b: b[1] - b[0])
+    zs = (z0 + z1) // 2
+
+    def grey(z):
+        g = (v[z] * 255).astype(np.uint8)
+        return np.stack([g, g, g], -1).astype(np.float32)
+
+    def tint(rgb, mask, colour):
+        rgb = rgb.copy()
+        rgb[mask] = 0.45 * rgb[mask] + 0.55 * np.array(colour, np.float32)
+        return rgb.astype(np.uint8)
+
+    lab = fig["truth"][zl].astype(bool)
+    top = [grey(zl).astype(np.uint8), tint(tint(grey(zl), lab, (255, 127, 14)), ~lab, (23, 190, 207))]
+    bottom = [grey(zs).astype(np.uint8), tint(grey(zs), fig["truth"][zs].astype(bool), (255, 40, 40)),
+              tint(grey(zs), fig["poreformer"][zs].astype(bool), (255, 40, 40)),
+              tint(grey(zs), fig["poreformer tuned k=3"][zs].astype(bool), (255, 40, 40))]
+    blank = np.full_like(top[0], 255)
+    top += [blank, blank]
+    pad = np.full((v.shape[1], 4, 3), 255, np.uint8)
+    rows = [np.concatenate(sum(([t, pad] for t in r), [])[:-1], axis=1) for r in (top, bottom)]
+    img = np.concatenate([rows[0], np.full((4, rows[0].shape[1], 3), 255, np.uint8), rows[1]], axis=0)
+    im = Image.fromarray(img).resize((img.shape[1] * 2, img.shape[0] * 2), Image.NEAREST)
+    with atomic_write(path) as tmp:
+        im.save(tmp, format="PNG")
 
 
 def write_adapt_report(res: dict, outdir: Path, command: str) -> tuple[Path, Path]:
@@ -159,14 +203,22 @@ def write_adapt_report(res: dict, outdir: Path, command: str) -> tuple[Path, Pat
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    res = {**res, "command": command}
+    fig = res.get("figure") or {}
+    res = {**{k: v for k, v in res.items() if k != "figure"}, "command": command}
     jpath = write_json_atomic(outdir / "adapt.json", res)
+    picture = ""
+    if {"scan", "poreformer", "poreformer tuned k=3"} <= set(fig):
+        adapt_picture(fig, outdir / "adapt.png")
+        picture = ("\n\n![The first scan: a labelled slice with its labels (pore orange, solid cyan); a scored slice "
+                   "with the labeller's pores, the untuned PoreFormer's and the tuned one's (k = 3)](adapt.png)\n\n"
+                   "Top: a labelled slice and its labels. Bottom, left to right: a slice scored (away from the "
+                   "labels), the labeller's pores, PoreFormer as shipped, PoreFormer tuned on 3 slices.")
     lines = ["# Adapting to another scanner and labeller", "",
              f"Written by `{command}`. {res['n_scans']} scan(s) of {' x '.join(map(str, res['shape']))} voxels from "
              "a scanner model unlike ctpore's simulator (phase-contrast fringes, cupping, a long-tailed blur, "
              "Poisson noise at low counts), labelled a voxel inside or outside ctpore's boundary; scored on the "
              f"slices at least {GAP} slices from any labelled one (MSE, Dice, summed |3D Euler error| over "
-             "those blocks).", "",
+             "those blocks)." + picture, "",
              "| method | MSE | Dice | summed \\|χ error\\| | seconds to adapt |", "|---|---:|---:|---:|---:|"]
     for name, m in res["means"].items():
         lines.append(f"| {name} | {m['mse']:.4f} | {m['dice']:.3f} | {m['euler_error']:.1f} | "
