@@ -358,6 +358,7 @@ def test_paint_fine_tune_and_reconstruct_with_the_tuned_weights(make_napari_view
     widget.add_labels()
     labels = viewer.layers["rock labels"]
     assert labels.metadata["ctpore_role"] == LABELS_ROLE and widget.labels_choice.currentText() == "rock labels"
+    assert list(labels.features["class"]) == ["not labelled", "pore", "solid"]
     scan = np.asarray(viewer.layers["rock"].data)
     for z in (3, 8, 13):  # painted: the darker half pore, the rest solid
         labels.data[z] = np.where(scan[z] < np.median(scan[z]), 1, 2)

@@ -34,12 +34,14 @@ PORE_COLOUR, SOLID_COLOUR = "#ff7f0e", "#17becf"
 
 def labels_layer(shape, name: str, scale=None):
     """A layer of training labels for a scan of ``shape`` (napari LayerData): empty, pore = 1,
-    solid = 2 in :data:`PORE_COLOUR` and :data:`SOLID_COLOUR`."""
+    solid = 2 in :data:`PORE_COLOUR` and :data:`SOLID_COLOUR`, the classes named (the status bar
+    says "class: pore")."""
     from napari.utils.colormaps import DirectLabelColormap
 
     cmap = DirectLabelColormap(color_dict={None: "transparent", 0: "transparent", PORE: PORE_COLOUR,
                                            SOLID: SOLID_COLOUR})
     kwargs = {"name": f"{name} labels", "colormap": cmap, "opacity": 0.7,
+              "features": {"index": [0, PORE, SOLID], "class": ["not labelled", "pore", "solid"]},  # named classes
               "metadata": {ROLE: LABELS_ROLE, "ctpore_source": name, "ctpore_about": "paint 1 = pore, 2 = solid"}}
     if scale is not None:
         kwargs["scale"] = tuple(scale)
