@@ -96,12 +96,21 @@ def main() -> None:
         times = json.loads(Path(a.out).read_text())["seconds"] + times
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     flags = open("/proc/cpuinfo").read()
-    res = {"ctpore": str(Path(ctpore.__file__).parent), "core": a.kind, "shape_zyx": [256, 1024, 1024],
+    res = {"ctpore": tree_commit(Path(ctpore.__file__).parent), "core": a.kind, "shape_zyx": [256, 1024, 1024],
            "seconds": times,
            "median_seconds": statistics.median(times), "cpu": cpu, "avx512_bf16": "avx512_bf16" in flags,
            "machine": platform.machine(), "found": found}
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res))
+
+
+def tree_commit(folder: Path) -> str:
+    """The git commit of the checkout the code came from (a path on this machine means nothing elsewhere)."""
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(folder.resolve()), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True)
+    return f"commit {out.stdout.strip()}" if out.returncode == 0 else "not a git checkout"
 
 
 if __name__ == "__main__":

@@ -37,6 +37,13 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def commit_of(folder: Path) -> str:
+    """The git commit of a checkout (its path on this machine means nothing elsewhere)."""
+    out = subprocess.run(["git", "-C", str(folder.resolve()), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True)
+    return out.stdout.strip() if out.returncode == 0 else "not a git checkout"
+
+
 def run(tree: Path, scan: Path, out: Path, extra: list[str]) -> float:
     env = dict(os.environ, PYTHONPATH=str(tree), CTPORE_NO_PROGRESS="1")
     t = time.perf_counter()
@@ -74,7 +81,9 @@ def main() -> None:
                 for side in ("before", "after"):
                     times[side][name].append(round(run(getattr(a, side), scan, tmp / side, extra), 3))
     med = {side: {v: statistics.median(t) for v, t in d.items()} for side, d in times.items()}
-    res = {"command": "python scripts/speed_before_after.py " + " ".join(sys.argv[1:]), "cpu": cpu_name(),
+    commits = {side: commit_of(getattr(a, side) / "ctpore") for side in ("before", "after")}
+    res = {"command": f"python scripts/speed_before_after.py {a.out} --before DIR --after DIR --rounds {a.rounds} "
+                      f"--shape {a.shape}", "commits": commits, "cpu": cpu_name(),
            "shape": a.shape, "seconds": times, "median_seconds": med,
            "ratio_after_before": {v: round(med["after"][v] / med["before"][v], 4) for v in VARIANTS}}
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -151,3 +151,12 @@ def test_the_napari_section_says_what_a_machine_without_a_screen_needs():
     assert not missing, f"the napari section does not name {missing}"
     assert "Xvfb" in section and "pytest-xvfb" in section
     assert "pytest-xvfb" in (ROOT / "pyproject.toml").read_text()
+
+
+def test_no_docs_file_names_a_path_of_the_machine_that_wrote_it():
+    """A clone has none of this machine's folders: the figures' files record commits, not paths."""
+    root = Path(__file__).resolve().parent.parent
+    found = {str(p.relative_to(root)): m.group(0) for p in [root / "README.md", *(root / "docs").rglob("*")]
+             if p.is_file() and p.suffix in (".md", ".json")
+             for m in [re.search(r'"(/(?:work|tmp|root|home)/[^"]*)"', p.read_text())] if m}
+    assert not found, found
