@@ -11,6 +11,7 @@ from ctpore.app.console import GPU_MEMORY_DEFAULT as _GPU_MEMORY_DEFAULT
 from ctpore.app.console import Progress as _Progress
 from ctpore.app.console import check_device as _check_device
 from ctpore.app.console import option as _option
+from ctpore.app.console import typed_command
 from ctpore.app.console import EXIT_OK, EXIT_PARTIAL
 from ctpore.errors import InputError
 
@@ -41,9 +42,7 @@ def bench_speed(shape, repeats, workdir, outdir):
         raise InputError(f"--shape must be Z x Y x X with every size >= 8, like 96x256x256; got {shape!r}")
     with _Progress("speed") as bar:
         res = run(shape=dims, repeats=repeats, workdir=workdir, progress=bar)
-    cmd = "ctpore bench speed" + (f" --shape {shape}" if shape != "96x256x256" else "") + (
-        f" --repeats {repeats}" if repeats != 3 else "")
-    path = write_performance(res, outdir, command=cmd)
+    path = write_performance(res, outdir, command=typed_command(click.get_current_context()))
     for m, r in res["methods"].items():
         click.echo(f"{m:<45} {r['voxels_per_s']:10.3g} voxels/s  {r['peak_rss_gb']:5.2f} GB")
     click.echo(f"wrote {path}")
@@ -131,13 +130,7 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, 
         res = run(n_sim=n_sim, size=size, leopard=leopard, real_scan=real_scan, device=device, progress=bar,
                   weights=weights_dir, seed_base=BENCH_SEED_BASE if seed_base is None else seed_base,
                   zoom_max=zoom_max, methods=chosen)
-    write_report(res, outdir, command="ctpore bench quality" + (f" --n-sim {n_sim}" if n_sim != 8 else "")
-                 + (f" --size {size}" if size != 64 else "")
-                 + (f" --weights-dir {weights_dir}" if weights_dir is not None else "")
-                 + (f" --seed-base {seed_base}" if seed_base is not None else "")
-                 + (f" --zoom-max {zoom_max:g}" if zoom_max != 1.0 else "")
-                 + (" --simulated-only" if simulated_only else "")
-                 + (f" --methods {methods}" if methods is not None else ""))
+    write_report(res, outdir, command=typed_command(click.get_current_context()))
     width = max(len(m) for m in res["summary"])
     click.echo(f"{'method':<{width}}  {'MSE':>8}  {'Dice':>6}  {'Euler err':>9}  {'φ err':>7}  {'s':>6}")
     for m, v in res["summary"].items():
@@ -145,8 +138,6 @@ def bench_quality(n_sim, size, leopard, real_scan, outdir, device, weights_dir, 
                    f"{v['porosity_error']:7.4f}  {v['seconds']:6.2f}")
     click.echo(f"wrote {outdir / 'benchmark.md'}")
     return EXIT_OK
-
-
 
 
 @bench.command("sample")
@@ -176,10 +167,7 @@ def bench_sample(n, shape, timings, outdir):
                 pairs[kind] = (json.loads(before.read_text()), json.loads(now.read_text()))
     with _Progress("sample") as bar:
         res = run(n=n, shape=dims, progress=bar)
-    cmd = "ctpore bench sample" + (f" --n {n}" if n != 6 else "") + (
-        f" --shape {shape}" if shape != "24x160x160" else "") + (f" --timings {timings}" if timings else "") + (
-        f" -o {outdir}" if str(outdir) != "docs" else "")
-    path = write_sample_report(res, outdir, cmd, pairs)
+    path = write_sample_report(res, outdir, typed_command(click.get_current_context()), pairs)
     for setup, v in res["summary"].items():
         click.echo(f"{setup:<22} meets all {v['meet_all']}/{v['cases']}  IoU min {v['iou_min']:.4f}  "
                    f"porosity diff max {v['porosity_diff_max']:.4f}")
@@ -208,14 +196,7 @@ def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir):
     n_scans, steps = (1, 5) if quick else (n_scans, steps)
     with _Progress("bench adapt") as bar:
         res = run(shape=dims, n_scans=n_scans, steps=steps, minutes=minutes, workdir=workdir, progress=bar)
-    command = "ctpore bench adapt" + (" --quick" if quick else "") + (f" --shape {shape}" if shape != "128x256x256"
-                                                                      and not quick else "")
-    command += (f" --n-scans {n_scans}" if n_scans != 4 and not quick else "") + (
-        f" --steps {steps}" if steps != 300 and not quick else "") + (f" --minutes {minutes:g}" if minutes != 10.0
-                                                                       else "")
-    if outdir != Path("docs"):
-        command += f" -o {outdir}"
-    jpath, mpath = write_adapt_report(res, outdir, command)
+    jpath, mpath = write_adapt_report(res, outdir, typed_command(click.get_current_context()))
     for name, m in res["means"].items():
         click.echo(f"{name:<28} MSE {m['mse']:.4f}  Dice {m['dice']:.3f}  |χ err| {m['euler_error']:.1f}  "
                    f"{m['adapt_seconds']:.0f} s")

@@ -21,7 +21,7 @@ GPU_MEMORY_DEFAULT = "the GPU's free memory less a margin"
 __all__ = ["GPU_MEMORY_DEFAULT", "Progress", "error", "warn", "resource_error", "check_device", "show_warning",
            "Option", "option", "SLICE_AXIS_HELP", "DEVICE_UNAVAILABLE", "MEMORY_ADVICE", "EXIT_OK", "EXIT_INTERNAL",
            "EXIT_INPUT", "EXIT_PARTIAL", "SHOWN_DEFAULTS", "MethodChoice", "method_choice", "method_help",
-           "reconstruct_default"]
+           "reconstruct_default", "typed_command"]
 
 #: Exit codes of every command: done; an internal error; bad input or usage; batch: some scans failed.
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
@@ -261,3 +261,22 @@ def method_help() -> str:
 
     return ("auto = poreformer when its weights are installed, else otsu. "
             + "; ".join(f"{s.name}: {s.description}" for s in METHODS.values()) + ".")
+
+
+def typed_command(ctx: click.Context) -> str:
+    """The command as the user typed it, for a report to say what wrote it: the command's path and
+    the options given on the command line (those left at their defaults left out), long names."""
+    from click.core import ParameterSource
+
+    parts = [ctx.command_path]
+    for param in ctx.command.params:
+        if ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        name, value = max(param.opts, key=len), ctx.params[param.name]
+        if getattr(param, "is_flag", False):
+            parts.append(name)
+        elif not param.opts[0].startswith("-"):  # an argument
+            parts.append(str(value))
+        else:
+            parts.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
+    return " ".join(parts)

@@ -418,3 +418,26 @@ def test_progress_off_without_a_terminal(bars, monkeypatch):
     with _Progress("x") as bar:
         bar(1, 2, "read")
     assert bars == []
+
+
+def test_a_report_records_the_command_as_typed():
+    """``typed_command`` gives the options the user typed (long names, defaults left out), so a
+    generated page says exactly which command wrote it."""
+    import click
+
+    from ctpore.app.console import typed_command
+
+    seen = []
+
+    @click.command("demo")
+    @click.argument("scan")
+    @click.option("-o", "--outdir", default="docs")
+    @click.option("--n", "n", default=6, type=int)
+    @click.option("--zoom", default=1.0, type=float)
+    @click.option("--quick", is_flag=True)
+    def demo(scan, outdir, n, zoom, quick):
+        seen.append(typed_command(click.get_current_context()))
+
+    demo.main(["s.nii", "-o", "out", "--zoom", "1.5", "--quick"], prog_name="demo", standalone_mode=False)
+    demo.main(["s.nii", "--n", "6"], prog_name="demo", standalone_mode=False)
+    assert seen == ["demo s.nii --outdir out --zoom 1.5 --quick", "demo s.nii --n 6"]

@@ -27,7 +27,7 @@ from ctpore.app.napari.layers import (
 from ctpore.errors import InputError
 
 __all__ = ["image_layers", "name_axes", "LayerChoice", "SampleChoice", "WeightsField", "scrolled", "show_text",
-           "one_line", "pixmap", "fit_picture"]
+           "one_line", "pixmap", "fit_picture", "WorkerDock"]
 
 
 def image_layers(viewer) -> list:
@@ -163,3 +163,26 @@ def fit_picture(label: QLabel, rgb: np.ndarray, width: int) -> None:
     label.setPixmap(pix)
     label.setFixedSize(pix.size())
     label.updateGeometry()
+
+
+class WorkerDock:
+    """What a dock that runs one job at a time in a napari ``thread_worker`` shares: it has
+    ``run_button``, ``cancel_button``, ``progress``, ``status`` and a ``_done(outcome)``; :meth:`start`
+    runs a worker with the buttons and a busy bar, and they come back when it ends."""
+
+    def start(self, worker, text: str) -> None:
+        """Run ``worker`` (its result goes to ``_done``), saying ``text`` meanwhile."""
+        self.worker = worker
+        worker.returned.connect(self._done)
+        worker.finished.connect(self._finished)
+        self.run_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.progress.setRange(0, 0)  # busy
+        self.status.setText(text)
+        worker.start()
+
+    def _finished(self):
+        self.run_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+        self.progress.setRange(0, 1)
+        self.progress.setValue(1)

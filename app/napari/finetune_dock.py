@@ -14,14 +14,14 @@ from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (QComboBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton,
                             QSpinBox, QVBoxLayout, QWidget)
 
-from ctpore.app.napari.controls import LayerChoice, WeightsField, one_line, scrolled, show_text
+from ctpore.app.napari.controls import LayerChoice, WeightsField, WorkerDock, one_line, scrolled, show_text
 from ctpore.app.napari.layers import ROLE, Cancelled, reconstruct_layers
 from ctpore.app.napari.tuning import LABELS_ROLE, label_next, labels_layer, tune_on_layers
 
 __all__ = ["FineTuneWidget"]
 
 
-class FineTuneWidget(QWidget):
+class FineTuneWidget(WorkerDock, QWidget):
     """Pick a scan, paint its labels layer (1 pore, 2 solid) on a few slices, fine-tune; the tuned
     weights are written to the path shown and the scan is reconstructed with them."""
 
@@ -151,14 +151,7 @@ class FineTuneWidget(QWidget):
             except Exception as exc:  # said in the dock, in one line
                 return "error", one_line(exc)
 
-        self.worker = work()
-        self.worker.returned.connect(self._done)
-        self.worker.finished.connect(self._finished)
-        self.run_button.setEnabled(False)
-        self.cancel_button.setEnabled(True)
-        self.progress.setRange(0, 0)
-        self.status.setText(f"fine-tuning {method} on {name}…")
-        self.worker.start()
+        self.start(work(), f"fine-tuning {method} on {name}…")
 
     def _done(self, outcome):
         status, result = outcome
@@ -180,9 +173,3 @@ class FineTuneWidget(QWidget):
         lines.append(f"-> {rep['weights']} ({rep['tuning']['steps']} steps, {rep['seconds']:.0f} s); reconstructed "
                      "with it")
         show_text(self.status, "\n".join(lines))
-
-    def _finished(self):
-        self.run_button.setEnabled(True)
-        self.cancel_button.setEnabled(False)
-        self.progress.setRange(0, 1)
-        self.progress.setValue(1)

@@ -31,15 +31,15 @@ from ctpore.app.napari.layers import (
     reconstruct_layers,
     summary_of,
 )
-from ctpore.app.napari.controls import (LayerChoice, SampleChoice, WeightsField, fit_picture, one_line, scrolled,
-                                        show_text)
+from ctpore.app.napari.controls import (LayerChoice, SampleChoice, WeightsField, WorkerDock, fit_picture, one_line,
+                                        scrolled, show_text)
 from ctpore.pipelines.methods import method_names
 from ctpore.errors import InputError
 
 __all__ = ["ReconstructWidget", "AttentionInspector"]
 
 
-class ReconstructWidget(QWidget):
+class ReconstructWidget(WorkerDock, QWidget):
     """Pick an image layer, the method, the weights and the device; reconstruct its pores.
 
     Adds the pore probability (an image layer) and the pores (a labels layer) with the source's
@@ -113,14 +113,7 @@ class ReconstructWidget(QWidget):
             except Exception as exc:  # said in the dock, in one line
                 return "error", one_line(exc)
 
-        self.worker = work()
-        self.worker.returned.connect(self._done)
-        self.worker.finished.connect(self._finished)
-        self.run_button.setEnabled(False)
-        self.cancel_button.setEnabled(True)
-        self.progress.setRange(0, 0)  # busy
-        self.status.setText(f"reconstructing {name}…")
-        self.worker.start()
+        self.start(work(), f"reconstructing {name}…")
 
     def _done(self, outcome):
         status, result = outcome
@@ -152,12 +145,6 @@ class ReconstructWidget(QWidget):
             f"cavities {metrics.get('n_cavities', '?')}\n"
             f"connectivity density {cd:.4g} per {per}\n"
             f"[{metrics['method']}, {metrics['seconds']:.1f} s, {metrics['attention_backend'] or '-'}]")
-
-    def _finished(self):
-        self.run_button.setEnabled(True)
-        self.cancel_button.setEnabled(False)
-        self.progress.setRange(0, 1)
-        self.progress.setValue(1)
 
 
 class AttentionInspector(QWidget):
