@@ -14,7 +14,7 @@ from ctpore.data.io import read_volume
 from ctpore.data.sparse_labels import PORE, SOLID, read_sparse_labels
 from ctpore.errors import InputError
 from ctpore.pipelines.finetune.holdout import HOLD_SHARE, held_figures, hold_out
-from ctpore.pipelines.finetune.refit import refit_postprocessing
+from ctpore.pipelines.finetune.refit import refit_on_labels
 
 SHAPE = (24, 40, 40)  # (Z, Y, X)
 
@@ -148,7 +148,7 @@ def test_the_refit_finds_the_labellers_threshold():
     labels[1] = 0
     from ctpore.data.postprocess import Postprocessing
 
-    post, tried = refit_postprocessing([prob], [labels], Postprocessing(threshold=0.5))
+    post, tried = refit_on_labels([prob], [labels], Postprocessing(threshold=0.5))
     assert post.threshold == pytest.approx(0.8) and post.calibration is not None
     assert tried["threshold_dice"][0.8] == pytest.approx(1.0)
 

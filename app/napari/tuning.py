@@ -75,7 +75,7 @@ def tune_on_layers(scan, name: str, labels, out: str | Path, *, scale=None, meth
 
     return finetune_volumes([vol], [geom], [lab], out, sources=[f"napari layer {name!r}"],
                             label_sources=[f"napari layer {name!r} labels"], method=method, weights=weights,
-                            steps=steps, device=device, progress=tick, should_stop=should_stop)
+                            steps=steps, device=device, progress=tick)
 
 
 def label_next(prob, scale=None) -> tuple[tuple[int, int, int], tuple]:

@@ -25,13 +25,12 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from ctpore.data.calibration import apply_calibration
 from ctpore.data.io import read_volume
 from ctpore.data.normalize import normalize, robust_range
 from ctpore.data.sparse_labels import label_counts, read_sparse_labels
 from ctpore.errors import InputError
 from ctpore.pipelines.finetune.holdout import Split, held_figures, hold_out
-from ctpore.pipelines.finetune.refit import raw_probability, refit_postprocessing
+from ctpore.pipelines.finetune.refit import raw_probability, refit_on_labels
 from ctpore.progress import ProgressFn
 
 __all__ = ["finetune", "finetune_volumes", "network_input"]
@@ -55,16 +54,13 @@ def network_input(volume: np.ndarray, geometry, sample: Any = "auto") -> np.ndar
 
 def _figures(raw: list, post, splits: list[Split]) -> dict:
     """Held-back figures over every scan (voxel-weighted MSE and Dice, summed 2D Euler errors,
-    the mean boundary shift), of the probabilities ``reconstruct`` would write with ``post``."""
-    rows = [held_figures(apply_calibration(r, post.calibration), post.threshold, s) if post.calibration is not None
-            else held_figures(r, post.threshold, s) for r, s in zip(raw, splits)]
-    # the pores are decided on the raw probability: Dice, Euler and boundary from it
-    pores = [held_figures(r, post.threshold, s) for r, s in zip(raw, splits)]
+    the mean boundary shift) of what ``reconstruct`` would write with ``post``."""
+    rows = [held_figures(r, post.threshold, s, post.calibration) for r, s in zip(raw, splits)]
     n = sum(r["voxels"] for r in rows)
     return {"mse": sum(r["mse"] * r["voxels"] for r in rows) / max(n, 1),
-            "dice": sum(p["dice"] * p["voxels"] for p in pores) / max(n, 1),
-            "euler_2d_error": int(sum(p["euler_2d_error"] for p in pores)),
-            "boundary_shift_vox": float(np.mean([p["boundary_shift_vox"] for p in pores])),
+            "dice": sum(r["dice"] * r["voxels"] for r in rows) / max(n, 1),
+            "euler_2d_error": int(sum(r["euler_2d_error"] for r in rows)),
+            "boundary_shift_vox": float(np.mean([r["boundary_shift_vox"] for r in rows])),
             "threshold": float(post.threshold), "held_voxels": int(n)}
 
 
@@ -81,7 +77,7 @@ def _check_out(out: Path, overwrite: bool) -> Path:
 def finetune(scans: Sequence[PathLike], labels: Sequence[PathLike], out: PathLike, *, method: str = "poreformer",
              weights: Optional[PathLike] = None, steps: int = 300, minutes: Optional[float] = None, seed: int = 0,
              dense: bool = False, calibrate_only: bool = False, device: str = "cpu", sample: Any = "auto",
-             overwrite: bool = False, progress: ProgressFn = None, should_stop=None) -> dict:
+             overwrite: bool = False, progress: ProgressFn = None) -> dict:
     """Fine-tune ``method`` on ``labels`` of ``scans`` and write the weights to ``out`` (module
     docstring). Returns the report: ``before``, ``refit``, ``after`` (held-back figures),
     ``split``, ``tuning``, ``weights``."""
@@ -100,7 +96,7 @@ def finetune(scans: Sequence[PathLike], labels: Sequence[PathLike], out: PathLik
     return finetune_volumes(vols, geoms, labs, out, sources=[str(s) for s in scans],
                             label_sources=[str(s) for s in labels], method=method, weights=weights, steps=steps,
                             minutes=minutes, seed=seed, calibrate_only=calibrate_only, device=device, sample=sample,
-                            progress=progress, should_stop=should_stop, t0=t0)
+                            progress=progress, t0=t0)
 
 
 def _trainable(method: str):
@@ -115,7 +111,7 @@ def _trainable(method: str):
 def finetune_volumes(vols: list, geoms: list, labs: list, out: PathLike, *, sources: list, label_sources: list,
                      method: str = "poreformer", weights: Optional[PathLike] = None, steps: int = 300,
                      minutes: Optional[float] = None, seed: int = 0, calibrate_only: bool = False,
-                     device: str = "cpu", sample: Any = "auto", progress: ProgressFn = None, should_stop=None,
+                     device: str = "cpu", sample: Any = "auto", progress: ProgressFn = None,
                      t0: Optional[float] = None) -> dict:
     """:func:`finetune` on scans and labels in memory (``labs``: checked sparse codes, as napari's
     labels layers hold them); ``sources`` and ``label_sources`` name them in the provenance."""
@@ -131,7 +127,7 @@ def finetune_volumes(vols: list, geoms: list, labs: list, out: PathLike, *, sour
     base_path = Path(weights) if weights is not None else _shipped(spec)
     raw = [raw_probability(v, g, predictor, sample=sample, progress=progress) for v, g in zip(vols, geoms)]
     report: dict = {"before": _figures(raw, base_post, splits)}
-    post, tried = refit_postprocessing(raw, [s.train for s in splits], base_post)
+    post, tried = refit_on_labels(raw, [s.train for s in splits], base_post)
     report["refit"] = {**_figures(raw, post, splits), "tried": tried}
     model = load_network(base_path, device="cpu")
     tuning = {"steps": 0, "seconds": 0.0, "stopped": "calibrate-only"}
@@ -140,14 +136,14 @@ def finetune_volumes(vols: list, geoms: list, labs: list, out: PathLike, *, sour
 
         inputs = [network_input(v, g, sample) for v, g in zip(vols, geoms)]
         tuning = tune_network(model, inputs, [s.train for s in splits], [s.held for s in splits], steps=steps,
-                              minutes=minutes, seed=seed, progress=progress, should_stop=should_stop)
+                              minutes=minutes, seed=seed, progress=progress)
         scratch = _scratch(model, out)
         try:
             tuned = build_predictor(spec.name, scratch, device)
             raw = [raw_probability(v, g, tuned, sample=sample, progress=progress) for v, g in zip(vols, geoms)]
         finally:
             scratch.unlink(missing_ok=True)
-        post, tried = refit_postprocessing(raw, [s.train for s in splits], base_post)
+        post, tried = refit_on_labels(raw, [s.train for s in splits], base_post)
         report["after"] = {**_figures(raw, post, splits), "tried": tried}
     base_meta = read_metadata(base_path)
     provenance = {"base_weights_sha256": base_sha, "method": spec.name, "seed": seed,

@@ -22,10 +22,12 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 from scipy import ndimage as ndi
 
+from ctpore.data.calibration import apply_calibration
 from ctpore.data.sparse_labels import PORE, UNLABELLED
 
 __all__ = ["Split", "hold_out", "held_figures", "HOLD_SHARE"]
@@ -109,15 +111,17 @@ def _signed_boundary(pred: np.ndarray, truth: np.ndarray, labelled: np.ndarray) 
     return float(signed[inner].sum()), float(signed[outer].sum()), int(inner.sum()), int(outer.sum())
 
 
-def held_figures(prob: np.ndarray, threshold: float, split: Split) -> dict:
-    """The held-back figures of a raw probability map (module docstring): ``mse``, ``dice``,
-    ``euler_2d`` (per held plane: ``[pred, labels]``), ``euler_2d_error`` (summed absolute error),
-    ``boundary_shift_vox``, ``voxels``."""
+def held_figures(prob: np.ndarray, threshold: float, split: Split, calibration: Optional[dict] = None) -> dict:
+    """The held-back figures of a raw probability map (module docstring): ``mse`` (of the
+    probability as ``reconstruct`` writes it, ``calibration`` applied), ``dice``, ``euler_2d`` (per
+    held plane: ``[pred, labels]``), ``euler_2d_error`` (summed absolute error),
+    ``boundary_shift_vox``, ``voxels``; the pores are the raw probability at ``threshold`` or above."""
     held = split.held
     where = held != UNLABELLED
     truth = held[where] == PORE
-    p = np.asarray(prob)[where].astype(np.float64)
-    pores = p >= threshold
+    raw = np.asarray(prob)[where].astype(np.float32)
+    pores = raw >= threshold
+    p = apply_calibration(raw, calibration).astype(np.float64)
     inter = int(np.count_nonzero(pores & truth))
     denom = int(np.count_nonzero(pores)) + int(np.count_nonzero(truth))
     out = {"voxels": int(where.sum()), "mse": float(np.mean((p - truth) ** 2)),

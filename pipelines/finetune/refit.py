@@ -28,7 +28,7 @@ from ctpore.data.postprocess import Postprocessing
 from ctpore.data.sparse_labels import PORE, UNLABELLED
 from ctpore.progress import ProgressFn
 
-__all__ = ["THRESHOLDS", "CONFIDENCES", "raw_probability", "refit_postprocessing"]
+__all__ = ["THRESHOLDS", "CONFIDENCES", "raw_probability", "refit_on_labels"]
 
 #: The thresholds tried.
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.1, 0.96, 0.05))
@@ -60,7 +60,7 @@ def _dice(pred: np.ndarray, truth: np.ndarray) -> float:
     return 1.0 if denom == 0 else 2.0 * int(np.count_nonzero(pred & truth)) / denom
 
 
-def refit_postprocessing(probs: list, labels: list, base: Postprocessing) -> tuple[Postprocessing, dict]:
+def refit_on_labels(probs: list, labels: list, base: Postprocessing) -> tuple[Postprocessing, dict]:
     """The post-processing refitted on ``labels`` (the training part: 0 / 1 pore / 2 solid) of the
     scans whose raw probabilities are ``probs``; returns it and what was tried (module docstring)."""
     where = [lab != UNLABELLED for lab in labels]

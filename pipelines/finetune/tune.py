@@ -104,7 +104,7 @@ def _held_mse(model, volumes, held, crop) -> float:
 
 def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, steps: int = 300,
                  minutes: Optional[float] = None, seed: int = 0, lr: float = 1e-4, crop: tuple = CROP,
-                 progress: ProgressFn = None, should_stop=None) -> dict:
+                 progress: ProgressFn = None) -> dict:
     """Fine-tune ``model`` in place on ``train`` (label codes per normalized volume of ``volumes``),
     checked on ``held``; leaves the best network in ``model`` and returns ``{"steps", "best_step",
     "seconds", "history", "stopped"}`` (``stopped``: why it ended)."""
@@ -143,9 +143,6 @@ def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, st
                 break
         if minutes is not None and time.perf_counter() - t0 > 60.0 * minutes:
             stopped = f"{minutes:g} minutes"
-            break
-        if should_stop is not None and should_stop():
-            stopped = "cancelled"
             break
     model.load_state_dict(best_state)
     model.eval()
