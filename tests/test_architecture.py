@@ -137,3 +137,12 @@ def test_every_module_is_named_in_the_architecture_map():
     missing = sorted(str(path.relative_to(ROOT)) for path in MODULES.values()
                      if path.name != "__init__.py" and path.name not in named)
     assert not missing, f"not named in docs/architecture.md: {missing}"
+
+
+def test_every_package_is_in_the_installed_list():
+    # ``pip install .`` (the README's quick start) ships only the packages pyproject.toml lists
+    listed = set(re.findall(r'"(ctpore(?:\.[a-z_]+)*)"', (ROOT / "pyproject.toml").read_text().split("[tool.setuptools]")[1]
+                            .split("[tool.setuptools.package-dir]")[0]))
+    found = {"ctpore." + ".".join(p.parent.relative_to(ROOT).parts) if p.parent != ROOT else "ctpore"
+             for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")} | {"ctpore"}
+    assert found - listed == set(), f"packages missing from pyproject.toml's list: {sorted(found - listed)}"
