@@ -13,6 +13,7 @@ import warnings
 import click
 
 from ctpore.version import __version__
+from ctpore.app.analyze_cli import analyze
 from ctpore.app.attention_cli import attention
 from ctpore.app.batch_cli import batch
 from ctpore.app.bench_cli import bench
@@ -40,7 +41,7 @@ def cli() -> None:
     """
 
 
-for _command in (reconstruct, batch, evaluate, info, simulate, train, finetune, attention,
+for _command in (reconstruct, analyze, batch, evaluate, info, simulate, train, finetune, attention,
                  bench):  # each in app/<name>_cli.py
     cli.add_command(_command)
 

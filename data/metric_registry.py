@@ -24,12 +24,14 @@ class Metric:
     compute : callable
         ``compute(acc) -> value`` (a plain Python number, list or None) from a
         :class:`~ctpore.data.accumulator.MetricsAccumulator` that has seen every slab.
-    group : {"volume", "truth", "betti", "pred", "pred_betti"}
+    group : {"volume", "truth", "betti", "pred", "pred_betti", "analysis"}
         ``volume``: of the pores alone; ``truth``: needs a ground truth; ``betti``: needs a truth
         and the Betti numbers (reported by ``reconstruct`` and ``evaluate``; the cheaper
         comparisons of the benchmark rows leave them out unless asked); ``pred`` and
         ``pred_betti``: the prediction's own value beside the truth's, only where the volume
-        group (which holds it under its own key) is left out, so no key repeats another.
+        group (which holds it under its own key) is left out, so no key repeats another;
+        ``analysis``: a figure of ``ctpore analyze`` (:mod:`ctpore.data.analysis_keys`), computed
+        from its record, not by the accumulator.
     add : callable, optional
         ``add(acc, slab, state)`` for each slab, in z order, for a metric that keeps state of its
         own (``state`` is a dict kept for this metric); ``slab`` has ``start``, ``stop``, ``pores``,
@@ -49,7 +51,7 @@ class Metric:
 #: Every metric, in the order of the keys in the metrics file.
 METRICS: list[Metric] = []
 
-_GROUPS = ("volume", "truth", "betti", "pred", "pred_betti")
+_GROUPS = ("volume", "truth", "betti", "pred", "pred_betti", "analysis")
 
 
 def register_metric(metric: Metric) -> Metric:

@@ -55,6 +55,7 @@ class SlabComponents:
         self._size = np.zeros(1, np.int64)
         self._border = np.zeros(1, bool)  # the label has a voxel on a side face or on the first slice
         self._peak = np.full(1, -np.inf)  # the largest value given to :meth:`add` over the label's voxels
+        self._flags = np.zeros(1, np.uint8)  # bits a caller sets (:meth:`mark`), OR-ed over a component
         self._unions = 0
 
     @property
@@ -68,9 +69,10 @@ class SlabComponents:
         labels[labels > 0] += first
         return labels, n
 
-    def add(self, mask: np.ndarray, values: np.ndarray | None = None) -> None:
+    def add(self, mask: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
         """The next ``(n, Y, X)`` slab (bool or 0/1); ``values`` (same shape), when given, feed
-        each component's peak (:meth:`peak_below`)."""
+        each component's peak (:meth:`peak_below`). Returns the slab's global labels (as numbered
+        now: :meth:`roots` maps them to their components)."""
         labels, n = self._label(mask)
         self._offsets.append(self.n_labels)
         first = self.n_labels + 1
@@ -89,6 +91,7 @@ class SlabComponents:
             np.maximum(local, 0, out=local)
             np.maximum.at(peak, local.ravel(), np.asarray(values, np.float64).ravel())
         self._peak = np.concatenate([self._peak, peak[1:]])
+        self._flags = np.concatenate([self._flags, np.zeros(n, np.uint8)])
         if self._prev is not None and n:
             below, above = self._prev, labels[0]
             yn, xn = below.shape
@@ -116,8 +119,32 @@ class SlabComponents:
                         self._size[lo] += self._size[hi]
                         self._border[lo] |= self._border[hi]
                         self._peak[lo] = max(self._peak[lo], self._peak[hi])
+                        self._flags[lo] |= self._flags[hi]
                         self._unions += 1
         self._prev = labels[-1]
+        return labels
+
+    def mark(self, labels: np.ndarray, bit: int) -> None:
+        """Set flag ``bit`` (0..7) on the components of ``labels`` (global labels; 0 is ignored)."""
+        hit = np.unique(labels[labels > 0])
+        while hit.size:  # up the trees, all at once
+            up = self._parent[hit]
+            done = up == hit
+            self._flags[hit[done]] |= np.uint8(1 << bit)
+            hit = np.unique(up[~done])
+
+    def flags(self) -> np.ndarray:
+        """The flags of every label's component (index = label; label 0: 0)."""
+        out = np.zeros_like(self._flags)
+        roots = self.roots()
+        np.bitwise_or.at(out, roots, self._flags)
+        return out[roots]
+
+    def sizes(self) -> np.ndarray:
+        """Voxels of every label's component (index = label; label 0: 0)."""
+        out = self._size[self.roots()].copy()
+        out[0] = 0
+        return out
 
     def _find(self, i: int) -> int:
         root = i

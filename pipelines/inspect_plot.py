@@ -20,7 +20,7 @@ from typing import Union
 
 import numpy as np
 
-__all__ = ["colormap", "heatmap_image", "heatmap_rgb", "write_heatmap_png", "summary_image", "summary_rgb",
+__all__ = ["colormap", "plot_font", "heatmap_image", "heatmap_rgb", "write_heatmap_png", "summary_image", "summary_rgb",
            "write_summary_png", "OUTSIDE_WINDOW", "PORE_COLOUR", "SOLID_COLOUR"]
 
 #: Colour of the cells a head cannot see (before its look-back window).
@@ -40,7 +40,7 @@ def colormap(v: np.ndarray) -> np.ndarray:
     return np.round((_STOPS[i] * (1 - f) + _STOPS[i + 1] * f) * 255).astype(np.uint8)
 
 
-def _font(size: int):
+def plot_font(size: int):
     from PIL import ImageFont
 
     try:
@@ -101,7 +101,7 @@ def heatmap_image(view, normalize_rows: bool = False):
         vmax = nice_ceil(float(w.max()))
         values = w / vmax
         bar_label = "attention weight: share of the head's attention on that slice (one scale for all rows)"
-    font, small, bold = _font(14), _font(12), _font(16)
+    font, small, bold = plot_font(14), plot_font(12), plot_font(16)
     cw = 22 if n_show <= 16 else 16 if n_show <= 32 else 10
     ch, gap, pad = 18, 24, 12
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
@@ -239,7 +239,7 @@ def summary_image(summary: dict):
     voxels per bin, so the two compare whatever the porosity)."""
     from PIL import Image, ImageDraw
 
-    font, small, bold = _font(14), _font(12), _font(16)
+    font, small, bold = plot_font(14), plot_font(12), plot_font(16)
     heads = summary["heads"]
     pad, label_w, panel_w, panel_h, row_h, gap, means_w = 12, 180, 320, 46, 68, 28, 96
     blocks = list(dict.fromkeys(h["block_label"] for h in heads))

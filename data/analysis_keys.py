@@ -1,0 +1,64 @@
+"""The keys of ``ctpore analyze``'s figures, registered with the metrics (a key taken twice is
+refused), in the order they are written.
+
+Each figure with a length in it has two keys, one per unit, as the metrics name them: ``_mm``,
+``_mm2`` and ``_per_mm`` where the spacing is known; ``_voxel``, ``_voxel2`` and ``_per_voxel`` where
+it is not (lengths in voxels of the smallest side). A record holds the one that applies.
+"""
+
+from __future__ import annotations
+
+from ctpore.data.metrics import METRICS, Metric, register_metric  # the built-in keys are registered first
+
+__all__ = ["ANALYSIS_FIGURES", "analysis_key", "analysis_record"]
+
+#: ``(figure, unit kind)``: the figure in :func:`ctpore.pipelines.analysis.analyze_volume`'s result
+#: and how its key is suffixed (None: no unit; "length", "area", "per_length").
+ANALYSIS_FIGURES = (
+    ("porosity", None),
+    ("euler_number", None),
+    ("surface_area", "area"),
+    ("specific_surface", "per_length"),
+    ("specific_surface_solid", "per_length"),
+    ("mean_breadth", "length"),
+    ("thickness_mean", "length"),
+    ("thickness_d10", "length"),
+    ("thickness_d50", "length"),
+    ("thickness_d90", "length"),
+    ("connected_porosity", None),
+    ("isolated_porosity", None),
+    ("percolating_porosity_zyx", None),
+    ("percolates_zyx", None),
+    ("porosity_expected", None),
+    ("sample_voxels", None),
+)
+
+_SUFFIX = {"length": ("_mm", "_voxel"), "area": ("_mm2", "_voxel2"), "per_length": ("_per_mm", "_per_voxel")}
+
+
+def analysis_key(figure: str, kind, known: bool) -> str:
+    """The key of ``figure`` in the record, with the unit suffix that applies."""
+    if kind is None:
+        return figure
+    return figure + _SUFFIX[kind][0 if known else 1]
+
+
+def _keys() -> list[tuple[str, str, bool]]:
+    out = []
+    for figure, kind in ANALYSIS_FIGURES:
+        for known in ((True, False) if kind else (True,)):
+            out.append((analysis_key(figure, kind, known), figure, known))
+    return out
+
+
+for _key, _figure, _known in _keys():
+    # porosity, euler_number and sample_voxels are the metrics' own keys: the record repeats their
+    # meaning, so they are not registered a second time
+    if not any(m.key == _key for m in METRICS):
+        register_metric(Metric(_key, (lambda r, f=_figure: r.get(f)), "analysis"))
+
+
+def analysis_record(result: dict) -> dict:
+    """The figures of ``result`` under their keys, in :data:`ANALYSIS_FIGURES`' order."""
+    known = bool(result.get("units_known", True))
+    return {analysis_key(f, kind, known): result.get(f) for f, kind in ANALYSIS_FIGURES}

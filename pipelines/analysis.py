@@ -1,0 +1,175 @@
+"""``ctpore analyze``: what users compute after the pores, streamed in bounded memory, exactly.
+
+From a 0/1 pore volume (and the sample mask, and the probability map when given) it computes,
+within the sample:
+
+- the Minkowski functionals (:mod:`ctpore.data.minkowski`): pore volume fraction, surface area,
+  specific surface (per sample volume and per solid volume), mean breadth; the Euler number is
+  ctpore's own (26-connected pores);
+- connected, isolated and percolating porosity (:mod:`ctpore.data.percolation`);
+- the local thickness (:mod:`ctpore.data.thickness`): a thickness map, the volume-weighted
+  pore-size distribution and its d10, d50, d90 and mean;
+- the expected porosity, the mean calibrated probability within the sample (with ``prob``).
+
+Passes over the volume, each slab by slab: (1) the sample's planes, the configuration histogram,
+the Euler number and the expected porosity; (2) the components and their faces; (3) the largest
+distance to the solid; (4) the thickness, each slab with its halo. Every figure equals the
+whole-volume computation's; memory follows the slab (``memory_gb``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from ctpore.data.minkowski import MinkowskiAccumulator
+from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
+from ctpore.data.slabs import StreamingTopology
+from ctpore.data.thickness import largest_distance, sampling_of, streamed_thickness, window_slices
+from ctpore.errors import InputError
+from ctpore.progress import ProgressFn
+
+__all__ = ["analyze_volume", "thickness_summary", "analysis_budget"]
+
+PathLike = Union[str, os.PathLike]
+
+#: Slab voxels when no memory budget is given (as ``reconstruct``'s post-processing slabs).
+DEFAULT_SLAB_VOXELS = 1 << 23
+
+#: Bytes per voxel of a slab in the passes other than the thickness (labels, masks, codes).
+PASS_BYTES_PER_VOXEL = 24
+
+
+def analysis_budget(shape: tuple, memory_gb: Optional[float]) -> int:
+    """Bytes the analysis may hold at once (the process's base excluded)."""
+    from ctpore.pipelines.budget import BASE_BYTES
+
+    if memory_gb is None:
+        return DEFAULT_SLAB_VOXELS * PASS_BYTES_PER_VOXEL
+    budget = int(memory_gb * 2**30) - BASE_BYTES
+    if budget <= PASS_BYTES_PER_VOXEL * shape[1] * shape[2]:
+        raise InputError(f"--memory-gb {memory_gb:g} leaves no room for one slice of {shape[1]} x {shape[2]} voxels "
+                         "beside the process itself; give more")
+    return budget
+
+
+def _binary(slab: np.ndarray, what: str, z0: int) -> np.ndarray:
+    a = np.asarray(slab)
+    if a.dtype == np.bool_:
+        return a
+    bad = (a != 0) & (a != 1)
+    if bad.any():
+        z = z0 + int(np.flatnonzero(bad.any(axis=(1, 2)))[0])
+        raise InputError(f"is not a 0/1 {what} volume (slice {z} holds {a[bad].flat[0]!r}); give the pores "
+                         "ctpore wrote (<stem>_pores), or a mask of 0 and 1")
+    return a.astype(bool)
+
+
+def thickness_summary(counts: np.ndarray, unit: float) -> dict:
+    """Volume-weighted d10, d50, d90 and mean of the diameters ``2 r unit``, from ``counts[r]`` (pore
+    voxels of radius ``r``); a dq is the smallest diameter with at least q of the pore volume at or
+    below it. None without pores."""
+    c = np.asarray(counts, np.float64)
+    c[0] = 0.0  # radius 0: not a pore
+    total = c.sum()
+    if total == 0:
+        return {"mean": None, "d10": None, "d50": None, "d90": None}
+    d = 2.0 * np.arange(len(c)) * unit
+    cum = np.cumsum(c) / total
+    pick = {f"d{q}": float(d[int(np.searchsorted(cum, q / 100 - 1e-12))]) for q in (10, 50, 90)}
+    return {"mean": float((c * d).sum() / total), **pick}
+
+
+def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, memory_gb: Optional[float] = None,
+                   thickness_writer: Any = None, progress: ProgressFn = None) -> dict:
+    """Every figure of the module docstring for ``pores`` (an array or a Scan, ``(Z, Y, X)``, 0/1),
+    ``sample`` (the same, or None: every voxel) and ``prob`` (the calibrated probability, or
+    None). ``thickness_writer``, when given, takes the thickness map (diameters in voxels of the
+    smallest side, uint16) slab by slab. Returns the figures, with ``psd_counts`` (pore voxels
+    per radius) and ``unit`` (the smallest side in mm, or None where the units are unknown)."""
+    t0 = time.perf_counter()
+    shape = tuple(int(s) for s in pores.shape)
+    nz, plane = shape[0], shape[1] * shape[2]
+    for other, what in ((sample, "sample"), (prob, "probability")):
+        if other is not None and tuple(other.shape) != shape:
+            raise InputError(f"the {what} is {tuple(other.shape)}, the pores {shape}: give the {what} of these pores")
+    budget = analysis_budget(shape, memory_gb)
+    slab = max(1, min(nz, budget // (PASS_BYTES_PER_VOXEL * plane)))
+    known = getattr(geometry, "units", "mm") != "unknown"
+    spacing = tuple(float(s) for s in geometry.spacing_mm) if known else (1.0, 1.0, 1.0)
+    sampling = sampling_of(spacing)
+
+    def read(z0, z1):
+        p = _binary(pores[z0:z1], "pore", z0)
+        if sample is not None:
+            p = p & _binary(sample[z0:z1], "sample", z0)
+        return p
+
+    def read_sample(z0, z1):
+        return None if sample is None else _binary(sample[z0:z1], "sample", z0)
+
+    # pass 1: the sample's planes, the configuration histogram, the Euler number, the expectation
+    mink, topo = MinkowskiAccumulator(spacing), StreamingTopology(components=False)
+    counts = None if sample is None else [np.zeros(n, np.int64) for n in shape]
+    expected = 0.0
+    for z0 in range(0, nz, slab):
+        z1 = min(nz, z0 + slab)
+        p, s = read(z0, z1), read_sample(z0, z1)
+        mink.add(p, s)
+        topo.add(p)
+        if counts is not None:
+            cz, cy, cx = plane_counts(s, p.shape)
+            counts[0][z0:z1] += cz
+            counts[1] += cy
+            counts[2] += cx
+        if prob is not None:
+            q = np.asarray(prob[z0:z1], np.float64)
+            expected += float(q.sum() if s is None else q[s].sum())
+        if progress is not None:
+            progress(z1, nz, "surface and curvature")
+    # pass 2: components, the surface and the faces
+    faces = sample_faces(counts, shape)
+    conn = PoreConnectivity(shape, faces)
+    for z0 in range(0, nz, slab):
+        z1 = min(nz, z0 + slab)
+        conn.add(read(z0, z1), read_sample(z0, z1))
+        if progress is not None:
+            progress(z1, nz, "connectivity")
+    # passes 3 and 4: the local thickness
+    rmax = largest_distance(read, nz, slab, sampling, progress=progress)
+    reach = int(math.ceil(math.floor(rmax) / sampling[0])) if np.isfinite(rmax) else nz
+    tslab = min(nz, window_slices(budget, plane, reach))
+    psd = np.zeros(int(math.floor(rmax)) + 1 if np.isfinite(rmax) else 1, np.int64)
+    if mink.n_pore and np.isfinite(rmax):
+        for _z0, _z1, radii in streamed_thickness(read, nz, tslab, sampling, rmax=rmax, progress=progress):
+            psd += np.bincount(radii.ravel(), minlength=len(psd))[:len(psd)]
+            if thickness_writer is not None:
+                thickness_writer.write((2 * radii).astype(np.uint16))
+    elif thickness_writer is not None:
+        for z0 in range(0, nz, slab):
+            thickness_writer.write(np.zeros((min(nz, z0 + slab) - z0,) + shape[1:], np.uint16))
+    m, c = mink.measures(), conn.result()
+    n_sample = m["sample_voxels"]
+    voxel = float(np.prod(spacing))
+    sample_vol, solid_vol = n_sample * voxel, (n_sample - m["pore_voxels"]) * voxel
+    unit = min(spacing)
+    th = thickness_summary(psd, unit)
+    return {
+        "porosity": m["volume_fraction"], "euler_number": topo.euler_number(26),
+        "surface_area": m["surface_area"],
+        "specific_surface": m["surface_area"] / sample_vol if sample_vol else None,
+        "specific_surface_solid": m["surface_area"] / solid_vol if solid_vol else None,
+        "mean_breadth": m["mean_breadth"],
+        "thickness_mean": th["mean"], "thickness_d10": th["d10"], "thickness_d50": th["d50"],
+        "thickness_d90": th["d90"],
+        **{k: c[k] for k in ("connected_porosity", "isolated_porosity", "percolating_porosity_zyx", "percolates_zyx")},
+        "porosity_expected": expected / n_sample if prob is not None and n_sample else None,
+        "sample_voxels": n_sample, "largest_radius": float(rmax) if np.isfinite(rmax) else None,
+        "units_known": known, "unit": unit if known else None, "psd_counts": psd.tolist(),
+        "faces_zyx": [list(f) if f is not None else None for f in faces],
+        "slab_slices": int(slab), "thickness_slab_slices": int(tslab), "seconds": round(time.perf_counter() - t0, 2),
+    }

@@ -1,0 +1,102 @@
+"""``ctpore analyze`` on files: which files, what is written, and the figures under their names.
+
+Inputs: a 0/1 pore volume in any format ctpore reads; the sample mask given, else the
+``<stem>_sample`` file beside the pores when there is one, else every voxel; the probability map
+given, else ``<stem>_prob`` beside the pores when there is one (for the expected porosity).
+Output names drop the ``_pores`` of the input's stem: ``scan_pores.nii.gz`` gives
+``scan_analysis.json``, ``scan_thickness.nii.gz`` (``.ome.zarr`` when the pores are one),
+``scan_psd.csv`` and ``scan_psd.png``. The volumes and the table are written whole or not at all,
+the JSON last.
+
+Lengths are in mm where the pores' file gives its units, else per voxel, named as the metrics
+name them: ``surface_area_mm2`` or ``surface_area_voxel2``, ``specific_surface_per_mm`` or
+``_per_voxel``, ``mean_breadth_mm`` or ``_voxel``, ``thickness_d50_mm`` or ``_voxel``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+from ctpore.data.analysis_keys import analysis_record
+from ctpore.data.io import output_stem
+from ctpore.errors import InputError
+from ctpore.progress import ProgressFn
+
+__all__ = ["analysis_paths", "beside", "analyze"]
+
+PathLike = Union[str, os.PathLike]
+
+
+def _suffix(path: Path) -> str:
+    from ctpore.data.io.registry import split_suffix
+
+    return split_suffix(path.name)[1]
+
+
+def _stem(pores: Path) -> str:
+    stem = output_stem(pores)
+    return stem[: -len("_pores")] if stem.endswith("_pores") and len(stem) > len("_pores") else stem
+
+
+def beside(pores: PathLike, role: str) -> Optional[Path]:
+    """``<stem>_<role>`` in the pores' folder with the pores' suffix, when it exists."""
+    p = Path(pores)
+    cand = p.parent / f"{_stem(p)}_{role}{_suffix(p)}"
+    return cand if cand.exists() and cand != p else None
+
+
+def analysis_paths(pores: PathLike, outdir: Optional[PathLike] = None) -> dict:
+    """The output paths of :func:`analyze` for ``pores`` (module docstring)."""
+    p = Path(pores)
+    out = Path(outdir) if outdir is not None else p.parent
+    stem = _stem(p)
+    ext = ".ome.zarr" if _suffix(p).lower() == ".ome.zarr" else ".nii.gz"
+    return {"analysis": out / f"{stem}_analysis.json", "thickness": out / f"{stem}_thickness{ext}",
+            "psd_csv": out / f"{stem}_psd.csv", "psd_png": out / f"{stem}_psd.png"}
+
+
+def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[PathLike] = None,
+            outdir: Optional[PathLike] = None, memory_gb: Optional[float] = None, overwrite: bool = False,
+            progress: ProgressFn = None) -> dict:
+    """Analyse the pores in ``pores`` and write the outputs (module docstring); returns the record
+    written to ``<stem>_analysis.json``, with ``outputs`` (what was written)."""
+    from ctpore.atomic import write_json_atomic
+    from ctpore.data.io import load_scan
+    from ctpore.data.io.write import volume_writer
+    from ctpore.pipelines.analysis import analyze_volume
+    from ctpore.pipelines.analysis_outputs import write_psd_csv, write_psd_png
+
+    src = Path(pores)
+    paths = analysis_paths(src, outdir)
+    if not overwrite:
+        there = [str(v) for v in paths.values() if v.exists()]
+        if there:
+            raise InputError(f"exists already: {there[0]}; give another -o, or --overwrite")
+    sample = Path(sample) if sample is not None else beside(src, "sample")
+    prob = Path(prob) if prob is not None else beside(src, "prob")
+    scan = load_scan(src)
+    mask = load_scan(sample) if sample is not None else None
+    pmap = load_scan(prob) if prob is not None else None
+    paths["analysis"].parent.mkdir(parents=True, exist_ok=True)
+    try:
+        geom = scan.geometry
+        with volume_writer(paths["thickness"], geom, "float32") as writer:
+            res = analyze_volume(scan, geom, sample=mask, prob=pmap, memory_gb=memory_gb, thickness_writer=writer,
+                                 progress=progress)
+    finally:
+        for s in (scan, mask, pmap):
+            if s is not None:
+                s.close()
+    unit_name = "mm" if res["units_known"] else "voxel"
+    write_psd_csv(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_csv"])
+    write_psd_png(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_png"], res)
+    record = analysis_record(res)
+    record.update(source=str(src), sample=str(sample) if sample else None, prob=str(prob) if prob else None,
+                  spacing_mm_zyx=list(geom.spacing_mm) if res["units_known"] else None,
+                  thickness_map_unit=unit_name, faces_zyx=res["faces_zyx"], largest_radius=res["largest_radius"],
+                  seconds=res["seconds"], memory_gb=memory_gb,
+                  outputs={k: str(v) for k, v in paths.items()})
+    write_json_atomic(paths["analysis"], record)
+    return record

@@ -1,0 +1,284 @@
+"""``ctpore analyze``: Minkowski functionals, connectivity and local thickness, each checked against an
+independent truth (analytic shapes, whole-volume labelling, a brute-force thickness) and streamed
+equal to whole, under a memory budget smaller than the volume."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import nibabel as nib
+import numpy as np
+import pytest
+from scipy import ndimage as ndi
+from skimage.measure import label as sk_label
+
+from ctpore.data.minkowski import MinkowskiAccumulator, breadth_lut, minkowski_measures, surface_lut, tile_histogram
+from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
+from ctpore.data.thickness import distance_map, largest_distance, streamed_thickness, thickness_radii
+
+
+def _blobs(shape, seed, sigma=2.0, level=0.5):
+    rng = np.random.default_rng(seed)
+    return (ndi.gaussian_filter(rng.random(shape), sigma) > level).astype(np.uint8)
+
+
+def _core(shape):
+    z, y, x = np.indices(shape)
+    r = min(shape[1], shape[2]) / 2 - 1.5
+    return ((y - (shape[1] - 1) / 2) ** 2 + (x - (shape[2] - 1) / 2) ** 2 < r * r) & (z >= 2) & (z < shape[0] - 2)
+
+
+# -- Minkowski functionals --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("radius", [10.0, 14.5])
+def test_ball_surface_and_mean_breadth_are_within_3_percent(radius):
+    n = int(2 * radius + 8)
+    z, y, x = np.indices((n, n, n)) - (n - 1) / 2 - 0.23
+    ball = (z * z + y * y + x * x < radius * radius).astype(np.uint8)
+    m = minkowski_measures(ball)
+    assert m["surface_area"] == pytest.approx(4 * math.pi * radius**2, rel=0.03)
+    assert m["mean_breadth"] == pytest.approx(2 * radius, rel=0.03)
+
+
+def test_a_ball_in_anisotropic_voxels():
+    z, y, x = np.indices((50, 100, 100))
+    ball = (((2.0 * z - 49.3) ** 2 + (y - 49.6) ** 2 + (x - 50.2) ** 2) < 40**2).astype(np.uint8)
+    m = minkowski_measures(ball, spacing=(0.02, 0.01, 0.01))
+    assert m["surface_area"] == pytest.approx(4 * math.pi * 0.4**2, rel=0.03)
+    assert m["mean_breadth"] == pytest.approx(0.8, rel=0.03)
+
+
+def test_a_cylinder_through_the_volume_counts_only_its_side():
+    # the caps lie on the volume's border, which is not surface
+    n, r = 40, 12.3
+    z, y, x = np.indices((n, 50, 50))
+    cyl = ((y - 24.6) ** 2 + (x - 24.2) ** 2 < r * r).astype(np.uint8)
+    assert minkowski_measures(cyl)["surface_area"] == pytest.approx(2 * math.pi * r * (n - 1), rel=0.03)
+
+
+def _plane_area_in_box(normal, c, size):
+    """Area of the plane normal . p = c inside the box [0, size-1]^3 (a convex polygon)."""
+    pts = []
+    for a in range(3):
+        for u, v in itertools.product((0, size - 1), repeat=2):
+            o = [i for i in range(3) if i != a]
+            if abs(normal[a]) < 1e-12:
+                continue
+            p = np.zeros(3)
+            p[o[0]], p[o[1]] = u, v
+            p[a] = (c - normal[o[0]] * u - normal[o[1]] * v) / normal[a]
+            if 0 <= p[a] <= size - 1:
+                pts.append(p)
+    pts = np.array(pts)
+    centre = pts.mean(axis=0)
+    e1 = pts[0] - centre
+    e1 /= np.linalg.norm(e1)
+    e2 = np.cross(normal, e1)
+    ang = np.arctan2((pts - centre) @ e2, (pts - centre) @ e1)
+    q = pts[np.argsort(ang)]
+    return 0.5 * np.linalg.norm(sum(np.cross(q[i], q[(i + 1) % len(q)]) for i in range(len(q))))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_planes_at_random_orientations_are_within_3_percent(seed):
+    rng = np.random.default_rng(1000 + seed)
+    normal = rng.normal(size=3)
+    normal /= np.linalg.norm(normal)
+    size = 64
+    c = float(normal @ np.full(3, (size - 1) / 2)) + rng.uniform(-3, 3)
+    idx = np.indices((size, size, size)).reshape(3, -1).T
+    half = (idx @ normal < c).reshape(size, size, size).astype(np.uint8)
+    area = _plane_area_in_box(normal, c, size)
+    assert minkowski_measures(half)["surface_area"] == pytest.approx(area, rel=0.03)
+
+
+def test_streamed_minkowski_equals_whole_with_a_sample():
+    vol = _blobs((37, 30, 33), 1)
+    smp = _core(vol.shape)
+    whole = minkowski_measures(vol, smp, spacing=(0.01, 0.01, 0.01))
+    for slab in (1, 5, 16):
+        acc = MinkowskiAccumulator((0.01, 0.01, 0.01))
+        for z in range(0, vol.shape[0], slab):
+            acc.add(vol[z:z + slab], smp[z:z + slab])
+        assert acc.measures() == whole
+    # the tiles counted are those wholly inside the sample: the outside is no surface
+    inside = ndi.binary_erosion(smp, np.ones((2, 2, 2)), origin=(-1, -1, -1), border_value=0)
+    assert int(tile_histogram(vol, smp).sum()) == int(inside[:-1, :-1, :-1].sum())
+
+
+def test_the_luts_see_no_measure_in_empty_or_full_tiles():
+    for lut in (surface_lut((1.0, 1.0, 1.0)), breadth_lut((1.0, 1.0, 1.0)), breadth_lut((2.0, 1.0, 1.0))):
+        assert lut[0] == 0 and abs(lut[255]) < 1e-12
+
+
+# -- connectivity -------------------------------------------------------------------------------------
+
+
+def _reference_connectivity(pores, smp, faces):
+    lab = sk_label(pores & smp, connectivity=3)
+    near = ndi.binary_dilation(~smp, np.ones((3, 3, 3)))
+    for a in range(3):
+        sl = [slice(None)] * 3
+        for end in (0, -1):
+            sl[a] = end
+            near[tuple(sl)] = True
+    conn = np.setdiff1d(np.unique(lab[near]), [0])
+    n = smp.sum()
+    perc = []
+    for a, f in enumerate(faces):
+        if f is None:
+            perc.append(None)
+            continue
+        both = np.intersect1d(np.unique(np.take(lab, f[0], axis=a)), np.unique(np.take(lab, f[1], axis=a)))
+        perc.append(np.isin(lab, both[both > 0]).sum() / n)
+    return np.isin(lab, conn).sum() / n, perc
+
+
+@pytest.mark.parametrize("with_sample", [False, True])
+@pytest.mark.parametrize("level", [0.45, 0.5, 0.53])
+def test_connected_and_percolating_porosity_equal_whole_volume_labelling(with_sample, level):
+    pores = _blobs((34, 28, 30), 7, 1.5, level)
+    smp = _core(pores.shape) if with_sample else np.ones(pores.shape, bool)
+    faces = sample_faces(plane_counts(smp, smp.shape) if with_sample else None, pores.shape)
+    assert (faces[1] is None and faces[2] is None) if with_sample else all(f is not None for f in faces)
+    pc = PoreConnectivity(pores.shape, faces)
+    for z in range(0, pores.shape[0], 6):
+        pc.add(pores[z:z + 6], smp[z:z + 6] if with_sample else None)
+    r = pc.result()
+    connected, perc = _reference_connectivity(pores.astype(bool), smp, faces)
+    assert r["connected_porosity"] == pytest.approx(connected, abs=1e-12)
+    porosity = (pores.astype(bool) & smp).sum() / smp.sum()
+    assert r["connected_porosity"] + r["isolated_porosity"] == pytest.approx(porosity)
+    for got, want, yes in zip(r["percolating_porosity_zyx"], perc, r["percolates_zyx"]):
+        assert (got is None and want is None and yes is None) or (got == pytest.approx(want, abs=1e-12)
+                                                                  and yes == (want > 0))
+
+
+# -- local thickness ----------------------------------------------------------------------------------
+
+
+def _brute_thickness(pores):
+    """max r such that some centre with distance >= r lies closer than r: every voxel pair, directly."""
+    d = distance_map(pores)
+    pts = np.argwhere(pores)
+    out = np.zeros(pores.shape, np.int16)
+    for v in pts:
+        dist = np.sqrt(((pts - v) ** 2).sum(axis=1))
+        best = 0
+        for r in range(1, int(d.max()) + 1):
+            if np.any((d[tuple(pts.T)] >= r) & (dist < r)):
+                best = r
+        out[tuple(v)] = best
+    return out
+
+
+def test_thickness_equals_its_brute_force_definition():
+    pores = _blobs((12, 12, 12), 3, 1.2, 0.48)
+    assert np.array_equal(thickness_radii(pores), _brute_thickness(pores))
+
+
+def test_thickness_of_a_ball_and_a_plate():
+    n = 31
+    z, y, x = np.indices((n, n, n)) - 15
+    ball = (z * z + y * y + x * x <= 12 * 12).astype(np.uint8)
+    radii = thickness_radii(ball)[ball == 1]
+    # the inscribed ball (radius floor of the centre's distance, 12) covers all but the outermost shell
+    assert radii.max() == 12 and np.mean(radii == 12) > 0.9
+    plate = np.zeros((40, 40, 40), np.uint8)
+    plate[:, :, 10:19] = 1  # 9 voxels: its middle lies 5 from the solid on either side
+    r = thickness_radii(plate)[:, :, 10:19]
+    assert np.all(r == 5)  # a ball of radius 5 at the middle covers what is closer than 5: all of it
+
+
+@pytest.mark.parametrize("sampling", [(1.0, 1.0, 1.0), (2.0, 1.0, 1.0)])
+def test_streamed_thickness_equals_whole(sampling):
+    pores = _blobs((46, 30, 30), 11, 2.5, 0.5)
+    whole = thickness_radii(pores, sampling)
+    read = lambda a, b: pores[a:b]  # noqa: E731
+    assert largest_distance(read, pores.shape[0], 5, sampling) == distance_map(pores, sampling).max()
+    got = np.concatenate([r for _, _, r in streamed_thickness(read, pores.shape[0], 5, sampling)])
+    assert np.array_equal(got, whole)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def _write(path, vol, spacing=(0.01, 0.01, 0.01), units=True):
+    img = nib.Nifti1Image(np.ascontiguousarray(np.asarray(vol, np.uint8).T), np.diag([*spacing[::-1], 1.0]))
+    if units:
+        img.header.set_xyzt_units("mm")
+    else:
+        img.header.set_xyzt_units(0)
+    nib.save(img, path)
+    return path
+
+
+def test_analyze_streamed_under_a_small_budget_equals_whole(tmp_path):
+    from ctpore.data.io.geometry import geometry_from_array
+    from ctpore.pipelines.analysis import analyze_volume
+
+    pores = _blobs((64, 96, 96), 5, 2.0, 0.52)
+    smp = _core(pores.shape)
+    geom = geometry_from_array(pores.shape, (0.01, 0.01, 0.01))
+    whole = analyze_volume(pores, geom, sample=smp)
+    small = analyze_volume(pores, geom, sample=smp, memory_gb=0.5 * (pores.size * 24 / 2**30) + 320 / 1024)
+    assert small["slab_slices"] < pores.shape[0] and small["thickness_slab_slices"] < pores.shape[0]
+    for k in whole:
+        if k not in ("seconds", "slab_slices", "thickness_slab_slices"):
+            assert small[k] == whole[k], k
+    # the figures against their own whole-volume definitions
+    inside = pores.astype(bool) & smp
+    assert whole["porosity"] == inside.sum() / smp.sum()
+    radii = thickness_radii(inside, (1.0, 1.0, 1.0))
+    assert whole["psd_counts"] == np.bincount(radii.ravel()).tolist()
+
+
+def test_the_command_writes_every_output_with_registered_keys(tmp_path):
+    from click.testing import CliRunner
+
+    from ctpore.app.cli import cli
+    from ctpore.data.metrics import METRICS
+
+    pores = _blobs((40, 48, 48), 9, 2.0, 0.5)
+    _write(tmp_path / "rock_pores.nii.gz", pores)
+    _write(tmp_path / "rock_sample.nii.gz", _core(pores.shape))
+    res = CliRunner().invoke(cli, ["analyze", str(tmp_path / "rock_pores.nii.gz"), "--json"])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.output)
+    for name in ("rock_analysis.json", "rock_thickness.nii.gz", "rock_psd.csv", "rock_psd.png"):
+        assert (tmp_path / name).exists(), name
+    assert rec["sample"].endswith("rock_sample.nii.gz")  # found beside the pores
+    registered = {m.key for m in METRICS}
+    figures = [k for k in rec if k not in ("source", "sample", "prob", "spacing_mm_zyx", "thickness_map_unit",
+                                          "faces_zyx", "largest_radius", "seconds", "memory_gb", "outputs")]
+    assert set(figures) <= registered and "thickness_d50_mm" in figures
+    thick = np.asarray(nib.load(tmp_path / "rock_thickness.nii.gz").dataobj).T
+    assert thick.shape == pores.shape and thick[~_core(pores.shape)].max() == 0
+    rows = (tmp_path / "rock_psd.csv").read_text().splitlines()
+    assert rows[0].startswith("diameter_mm,") and float(rows[-1].split(",")[-1]) == pytest.approx(1.0)
+
+
+def test_unknown_units_name_the_figures_per_voxel(tmp_path):
+    from ctpore.pipelines.analysis_run import analyze
+
+    _write(tmp_path / "a_pores.nii.gz", _blobs((20, 24, 24), 2), units=False)
+    rec = analyze(tmp_path / "a_pores.nii.gz")
+    assert "surface_area_voxel2" in rec and "thickness_d50_voxel" in rec and "surface_area_mm2" not in rec
+    assert rec["spacing_mm_zyx"] is None
+
+
+def test_a_grey_volume_is_refused_in_one_line_and_nothing_is_left(tmp_path):
+    from click.testing import CliRunner
+
+    from ctpore.app.cli import main
+
+    grey = np.random.default_rng(0).integers(0, 200, (16, 16, 16)).astype(np.uint8)
+    _write(tmp_path / "g_pores.nii.gz", grey)
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(tmp_path / "g_pores.nii.gz")])
+    assert exc.value.code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g_pores.nii.gz"]
+    del CliRunner
