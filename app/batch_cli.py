@@ -49,8 +49,11 @@ __all__ = ["batch"]
 @_sample_margin_option
 @_tmp_dir_option
 @_output_format_option
+@_option("--analyze", is_flag=True, show_default=True,
+         help="Also analyse each scan's pores as ctpore analyze does (pore sizes, surface, connected and "
+              "percolating porosity); the figures reach the metrics and the summary's columns.")
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb,
-          gpu_memory_gb, verbose, sample, sample_margin, tmp_dir, output_format):
+          gpu_memory_gb, verbose, sample, sample_margin, tmp_dir, output_format, analyze):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
@@ -75,7 +78,7 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
                         verbose=verbose, options={"method": method, "weights": weights, "memory_gb": memory_gb,
                                                   "gpu_memory_gb": gpu_memory_gb, "sample": sample,
                                                   "sample_margin": sample_margin, "tmp_dir": tmp_dir,
-                                                  "output_format": output_format})
+                                                  "output_format": output_format, "analyze": analyze})
     s = summarize(res["records"])
     click.echo(final_line(s, outdir, SUMMARY_NAME))
     return EXIT_PARTIAL if s["failed"] else EXIT_OK

@@ -67,9 +67,12 @@ __all__ = ["reconstruct"]
 @_sample_margin_option
 @_tmp_dir_option
 @_output_format_option
+@_option("--analyze", is_flag=True, show_default=True,
+         help="Also write what ctpore analyze writes of the pores (<stem>_analysis.json, the thickness map, the "
+              "pore-size table and plot); its figures go in the metrics too.")
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
                 chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, sample_margin, tmp_dir,
-                output_format):
+                output_format, analyze):
     """Reconstruct the 3D pores of SCANS (NIfTI, TIFF, HDF, MetaImage, NRRD or OME-Zarr files, or folders of slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
@@ -106,7 +109,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
                     min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
                     sample=sample if sample in ("auto", "all") else Path(sample), tmp_dir=tmp_dir,
-                    output_format=output_format, sample_margin=sample_margin,
+                    output_format=output_format, sample_margin=sample_margin, analyze=analyze,
                 )
         except InputError as exc:
             _error(str(exc))
@@ -117,5 +120,8 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                 f"  pores {m['n_pores']}  [{m['method']}, {m['seconds']:.1f} s]")
         if "dice" in m:
             line += f"  Dice {m['dice']:.4f}  MSE {m['mse']:.5f}"
+        if analyze:
+            unit = "mm" if "thickness_d50_mm" in m else "voxel"
+            line += (f"  d50 {m.get(f'thickness_d50_{unit}')} {unit}  connected {m.get('connected_porosity', 0):.4f}")
         click.echo(line)
     return EXIT_INPUT if failed else EXIT_OK

@@ -1,5 +1,5 @@
-"""The keys of ``ctpore analyze``'s figures, registered with the metrics (a key taken twice is
-refused), in the order they are written.
+"""The keys of ``ctpore analyze``'s figures, in the order they are written; :mod:`ctpore.data.metrics`
+registers them with the metrics (group ``analysis``: a key taken twice is refused).
 
 Each figure with a length in it has two keys, one per unit, as the metrics name them: ``_mm``,
 ``_mm2`` and ``_per_mm`` where the spacing is known; ``_voxel``, ``_voxel2`` and ``_per_voxel`` where
@@ -8,9 +8,8 @@ it is not (lengths in voxels of the smallest side). A record holds the one that 
 
 from __future__ import annotations
 
-from ctpore.data.metrics import METRICS, Metric, register_metric  # the built-in keys are registered first
 
-__all__ = ["ANALYSIS_FIGURES", "analysis_key", "analysis_record"]
+__all__ = ["ANALYSIS_FIGURES", "HEADLINE", "analysis_key", "analysis_keys", "analysis_record"]
 
 #: ``(figure, unit kind)``: the figure in :func:`ctpore.pipelines.analysis.analyze_volume`'s result
 #: and how its key is suffixed (None: no unit; "length", "area", "per_length").
@@ -33,6 +32,9 @@ ANALYSIS_FIGURES = (
     ("sample_voxels", None),
 )
 
+#: The figures that are columns of ``ctpore batch``'s summary.
+HEADLINE = ("specific_surface", "thickness_d50", "connected_porosity", "percolating_porosity_zyx")
+
 _SUFFIX = {"length": ("_mm", "_voxel"), "area": ("_mm2", "_voxel2"), "per_length": ("_per_mm", "_per_voxel")}
 
 
@@ -43,19 +45,11 @@ def analysis_key(figure: str, kind, known: bool) -> str:
     return figure + _SUFFIX[kind][0 if known else 1]
 
 
-def _keys() -> list[tuple[str, str, bool]]:
-    out = []
-    for figure, kind in ANALYSIS_FIGURES:
-        for known in ((True, False) if kind else (True,)):
-            out.append((analysis_key(figure, kind, known), figure, known))
-    return out
-
-
-for _key, _figure, _known in _keys():
-    # porosity, euler_number and sample_voxels are the metrics' own keys: the record repeats their
-    # meaning, so they are not registered a second time
-    if not any(m.key == _key for m in METRICS):
-        register_metric(Metric(_key, (lambda r, f=_figure: r.get(f)), "analysis"))
+def analysis_keys() -> list[tuple[str, str]]:
+    """``(key, figure)`` for every key a record may hold (both units of a figure with a length),
+    the metrics' own ``porosity``, ``euler_number`` and ``sample_voxels`` included."""
+    return [(analysis_key(f, kind, known), f) for f, kind in ANALYSIS_FIGURES
+            for known in ((True, False) if kind else (True,))]
 
 
 def analysis_record(result: dict) -> dict:

@@ -33,6 +33,8 @@ import numpy as np
 from ctpore.data.accumulator import MetricsAccumulator
 from ctpore.data.binary import as_volume, check_binary
 from ctpore.data.connectivity import connectivity_density, connectivity_index
+from ctpore.data.analysis_keys import HEADLINE as ANALYSIS_HEADLINE
+from ctpore.data.analysis_keys import analysis_keys
 from ctpore.data.metric_registry import METRICS, Metric, register_metric, summary_keys
 from ctpore.data.slabs import StreamingTopology
 from ctpore.data.topology import SLAB_VOXELS, betti_numbers, euler_number, n_components
@@ -129,6 +131,10 @@ for _metric in (
     )),
 ):
     register_metric(_metric)
+
+for _key, _figure in analysis_keys():  # ctpore analyze's figures; the three the metrics hold already are theirs
+    if not any(m.key == _key for m in METRICS):
+        register_metric(Metric(_key, (lambda r, f=_figure: r.get(f)), "analysis", summary=_figure in ANALYSIS_HEADLINE))
 
 
 # -- whole in-memory volumes ------------------------------------------------------------------

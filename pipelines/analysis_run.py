@@ -24,7 +24,7 @@ from ctpore.data.io import output_stem
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
-__all__ = ["analysis_paths", "beside", "analyze"]
+__all__ = ["analysis_paths", "beside", "analyze", "analyze_written"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -80,23 +80,42 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
     mask = load_scan(sample) if sample is not None else None
     pmap = load_scan(prob) if prob is not None else None
     paths["analysis"].parent.mkdir(parents=True, exist_ok=True)
+    geom = scan.geometry
     try:
-        geom = scan.geometry
         with volume_writer(paths["thickness"], geom, "float32") as writer:
             res = analyze_volume(scan, geom, sample=mask, prob=pmap, memory_gb=memory_gb, thickness_writer=writer,
                                  progress=progress)
+        unit_name = "mm" if res["units_known"] else "voxel"
+        write_psd_csv(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_csv"])
+        write_psd_png(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_png"], res)
+        record = analysis_record(res)
+        record.update(source=str(src), sample=str(sample) if sample else None, prob=str(prob) if prob else None,
+                      spacing_mm_zyx=list(geom.spacing_mm) if res["units_known"] else None,
+                      thickness_map_unit=unit_name, faces_zyx=res["faces_zyx"], largest_radius=res["largest_radius"],
+                      seconds=res["seconds"], memory_gb=memory_gb,
+                      outputs={k: str(v) for k, v in paths.items()})
+        write_json_atomic(paths["analysis"], record)  # last: its presence means the set is whole
+    except BaseException:
+        from ctpore.data.io.omezarr_write import remove_tree
+
+        for p in paths.values():  # nothing half-done is left: the set is one analysis's, or none
+            remove_tree(p)
+        raise
     finally:
         for s in (scan, mask, pmap):
             if s is not None:
                 s.close()
-    unit_name = "mm" if res["units_known"] else "voxel"
-    write_psd_csv(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_csv"])
-    write_psd_png(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_png"], res)
-    record = analysis_record(res)
-    record.update(source=str(src), sample=str(sample) if sample else None, prob=str(prob) if prob else None,
-                  spacing_mm_zyx=list(geom.spacing_mm) if res["units_known"] else None,
-                  thickness_map_unit=unit_name, faces_zyx=res["faces_zyx"], largest_radius=res["largest_radius"],
-                  seconds=res["seconds"], memory_gb=memory_gb,
-                  outputs={k: str(v) for k, v in paths.items()})
-    write_json_atomic(paths["analysis"], record)
     return record
+
+
+def analyze_written(paths: dict, memory_gb: Optional[float] = None, progress: ProgressFn = None) -> dict:
+    """:func:`analyze` of the pores a reconstruction just wrote (``paths``: its output paths), beside
+    them; returns the figures to add to its metrics (those the metrics hold already left out) and
+    ``analysis``, the record's path."""
+    from ctpore.data.metrics import METRICS
+
+    sample = paths["sample"] if Path(paths["sample"]).exists() else None
+    rec = analyze(paths["pores"], sample=sample, prob=paths["prob"], outdir=Path(paths["pores"]).parent,
+                  memory_gb=memory_gb, overwrite=True, progress=progress)
+    own = {m.key for m in METRICS if m.group == "analysis"}
+    return {**{k: v for k, v in rec.items() if k in own}, "analysis": rec["outputs"]["analysis"]}

@@ -65,6 +65,7 @@ def _options_key(options: dict, weights_sha: Optional[str]) -> dict:
             "precision": options.get("precision"), "device_type": str(options.get("device", "cpu")).split(":")[0],
             "sample": options.get("sample", "auto"),
             **({"sample_margin": m} if (m := options.get("sample_margin", 0)) else {}),
+            **({"analyze": True} if options.get("analyze") else {}),
             **({"output_format": fmt} if (fmt := options.get("output_format", DEFAULT_OUTPUT_FORMAT))
                != DEFAULT_OUTPUT_FORMAT else {})}
 

@@ -252,6 +252,7 @@ def reconstruct_file(
     tmp_dir: Optional[PathLike] = None,
     output_format: str = DEFAULT_OUTPUT_FORMAT,
     sample_margin: int = 0,
+    analyze: bool = False,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
     within ``memory_gb`` for the whole process, whatever the scan's size.
@@ -264,7 +265,9 @@ def reconstruct_file(
     Other parameters as :func:`reconstruct`. When the scan has an outside (or ``sample`` is a
     mask), the sample mask is written too (``<stem>_sample.nii.gz``, 1 = sample); an older sample
     mask of the same stem that this run does not replace is removed, so the files of a stem are
-    always one run's.
+    always one run's. ``analyze``: also ``ctpore analyze``'s outputs of the pores written
+    (:mod:`ctpore.pipelines.analysis_run`: ``<stem>_analysis.json``, the thickness map, the pore-size
+    table and plot), its figures in the metrics too.
 
     Returns
     -------
@@ -274,6 +277,12 @@ def reconstruct_file(
     """
     t0 = time.perf_counter()
     paths = check_outputs(scan_path, outdir, overwrite, output_format)
+    if analyze:
+        from ctpore.pipelines.analysis_run import analysis_paths, analyze_written
+
+        there = [p for p in analysis_paths(paths["pores"]).values() if p.exists()]
+        if there and not overwrite:
+            raise InputError(f"exists already: {there[0]}; give another -o, or --overwrite")
     fmt = OUTPUT_FORMATS[output_format]
     if fmt.library:  # its library, before any work rather than when the first slab is written
         optional_import(fmt.library, Path(paths["pores"]), fmt.label, "writing")
@@ -293,6 +302,8 @@ def reconstruct_file(
                                                    if not metrics["sample"]["outside_voxels"] else [])
             for p in stale:  # an earlier run's (--overwrite): the files of a stem are one run's
                 remove_tree(p)
+            if analyze:
+                metrics.update(analyze_written(paths, memory_gb=memory_gb, progress=progress))
             _finish(metrics, scan.geometry, str(scan_path), t0)
             metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole
