@@ -202,3 +202,38 @@ def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir):
                    f"{m['adapt_seconds']:.0f} s")
     click.echo(f"wrote {mpath} and {jpath}")
     return EXIT_OK
+
+
+@bench.command("analysis")
+@_option("--quick", is_flag=True, show_default=True, help="Small volumes only (a check that it runs).")
+@_option("--sizes", default="256,512", show_default=True, help="Edge lengths of the whole-process runs.")
+@_option("--sim-size", default=128, show_default=True, type=click.IntRange(16),
+         help="Edge length of each pore family's simulated volume.")
+@_option("--porespy-python", default=None, show_default="this Python, where PoreSpy is installed",
+         help="A Python with porespy 3.2 installed (PoreSpy runs in a child process).")
+@_option("--limit-minutes", default=30.0, show_default=True, type=click.FloatRange(0.1),
+         help="PoreSpy's run on a volume that takes longer is said not to finish.")
+@_option("--workdir", default=Path("runs/analysis"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the volumes and the children's outputs go.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where analysis.md and analysis.json are written.")
+def bench_analysis(quick, sizes, sim_size, porespy_python, limit_minutes, workdir, outdir):
+    """ctpore analyze beside PoreSpy (local thickness), scikit-image (labelling, marching cubes) and the
+    analytic truth; whole processes timed on simulated volumes. Writes OUTDIR/analysis.md and .json."""
+    from ctpore.pipelines.bench.analysis import bench_analysis as run
+    from ctpore.pipelines.bench.analysis import write_analysis_report
+
+    try:
+        edges = (48,) if quick else tuple(int(s) for s in sizes.split(",") if s.strip())
+    except ValueError:
+        raise click.BadParameter(f"give edge lengths separated by commas, got {sizes!r}",
+                                 param_hint="--sizes") from None
+    with _Progress("bench analysis") as bar:
+        res = run(sizes=edges, sim_size=32 if quick else sim_size, porespy_python=porespy_python, workdir=workdir,
+                  limit_s=60.0 * limit_minutes, progress=bar)
+    jpath, mpath = write_analysis_report(res, outdir, typed_command(click.get_current_context()))
+    if not res["porespy"]:
+        click.echo("PoreSpy was not found (pip install porespy==3.2.0, or give --porespy-python): "
+                   "its columns are empty")
+    click.echo(f"wrote {mpath} and {jpath}")
+    return EXIT_OK

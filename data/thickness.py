@@ -37,10 +37,15 @@ from scipy import ndimage as ndi
 from ctpore.progress import ProgressFn
 
 __all__ = ["sampling_of", "distance_map", "thickness_radii", "largest_distance", "streamed_thickness",
-           "BYTES_PER_VOXEL"]
+           "BYTES_PER_VOXEL", "distance_pass", "tiled_thickness", "plan_tiles"]
 
-#: Bytes per voxel of a window while its thickness is computed (two float64 maps, masks, radii).
-BYTES_PER_VOXEL = 24
+#: Bytes per voxel of a window while its thickness is computed (the float32 distances, scipy's
+#: distance transform to the centres with its feature transform, masks, radii).
+BYTES_PER_VOXEL = 32
+
+#: Bytes per voxel of a window of the distance pass (scipy's transform with its feature transform,
+#: the float32 result, the pores).
+EDT_BYTES_PER_VOXEL = 28
 
 
 def sampling_of(spacing: Sequence[float]) -> tuple:
@@ -51,13 +56,14 @@ def sampling_of(spacing: Sequence[float]) -> tuple:
 
 
 def distance_map(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0)) -> np.ndarray:
-    """Distance (float64) of every pore voxel to the nearest solid one; 0 on the solid."""
+    """Distance (float32, as PoreSpy's ``edt`` gives it; a map kept on disk is the same) of every pore
+    voxel to the nearest solid one; 0 on the solid."""
     p = np.asarray(pores, bool)
     if not p.any():
-        return np.zeros(p.shape)
+        return np.zeros(p.shape, np.float32)
     if p.all():  # no solid at all: nothing bounds a ball but the border, which is not solid
-        return np.full(p.shape, np.inf)
-    return ndi.distance_transform_edt(p, sampling=tuple(sampling))
+        return np.full(p.shape, np.inf, np.float32)
+    return ndi.distance_transform_edt(p, sampling=tuple(sampling)).astype(np.float32)
 
 
 def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0),
@@ -99,63 +105,149 @@ def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.
     return out
 
 
-def _slab_distances(read: Callable, nz: int, z0: int, z1: int, halo: int, sampling: tuple) -> tuple:
-    w0, w1 = max(0, z0 - halo), min(nz, z1 + halo)
-    d = distance_map(read(w0, w1), sampling)
-    return d[z0 - w0:z1 - w0], w0, w1
+def distance_pass(read: Callable, nz: int, slab: int, sampling: Sequence[float] = (1.0, 1.0, 1.0),
+                  out: Optional[np.ndarray] = None, start_halo: int = 8, progress: ProgressFn = None,
+                  budget_bytes: Optional[int] = None) -> float:
+    """The exact distance map of a volume read as ``read(z0, z1)`` (pores of slices ``z0:z1``) into
+    ``out`` (a ``(Z, Y, X)`` float32 array or memory map; None: not kept); returns the largest
+    distance.
+
+    Slabs of ``slab`` slices are read with a halo; each is cut into in-plane tiles when
+    ``budget_bytes`` cannot hold its distance transform whole. A tile's distances are certain when
+    none is larger than its halo (a distance no larger than that cannot have been cut short); the
+    halo doubles until they are, or until the window reaches the volume's ends.
+    """
+    sampling = tuple(sampling)
+    best, h = 0.0, max(1, int(start_halo))
+    for z0 in range(0, nz, slab):
+        z1 = min(nz, z0 + slab)
+        while True:
+            halo = tuple(int(math.ceil(h / sv)) for sv in sampling)
+            w0, w1 = max(0, z0 - halo[0]), min(nz, z1 + halo[0])
+            pores = np.asarray(read(w0, w1), bool)
+            ny, nx = pores.shape[1:]
+            ty, tx = _plane_tile(pores.shape, halo, budget_bytes)
+            core = np.zeros((z1 - z0, ny, nx), np.float32)
+            certain = True
+            for y0 in range(0, ny, ty):
+                for x0 in range(0, nx, tx):
+                    y1, x1 = min(ny, y0 + ty), min(nx, x0 + tx)
+                    ly, hy = max(0, y0 - halo[1]), min(ny, y1 + halo[1])
+                    lx, hx = max(0, x0 - halo[2]), min(nx, x1 + halo[2])
+                    d = distance_map(pores[:, ly:hy, lx:hx], sampling)
+                    c = d[z0 - w0:z1 - w0, y0 - ly:y1 - ly, x0 - lx:x1 - lx]
+                    whole = w0 == 0 and w1 == nz and ly == 0 and hy == ny and lx == 0 and hx == nx
+                    if c.size and not whole and float(c.max()) > h:
+                        certain = False
+                        break
+                    core[:, y0:y1, x0:x1] = c
+                if not certain:
+                    break
+            if certain:
+                break
+            h *= 2
+        best = max(best, float(core.max()) if core.size else 0.0)
+        if out is not None:
+            out[z0:z1] = core
+        if progress is not None:
+            progress(z1, nz, "distance map")
+    return best
+
+
+def _plane_tile(shape: tuple, halo: tuple, budget_bytes: Optional[int]) -> tuple:
+    """``(ty, tx)`` of the distance transform's tiles of a slab window ``shape`` within ``budget_bytes``
+    (None: the whole plane)."""
+    n, ny, nx = shape
+    if budget_bytes is None or n * ny * nx * EDT_BYTES_PER_VOXEL <= budget_bytes:
+        return ny, nx
+    side = int(math.sqrt(budget_bytes / (EDT_BYTES_PER_VOXEL * n))) - 2 * max(halo[1:])
+    return max(8, min(ny, side)), max(8, min(nx, side))
 
 
 def largest_distance(read: Callable, nz: int, slab: int, sampling: Sequence[float] = (1.0, 1.0, 1.0),
                      start_halo: int = 8, progress: ProgressFn = None) -> float:
-    """The largest distance to the solid over a volume read as ``read(z0, z1)`` (pores of slices
-    ``z0:z1``), exactly, slab by slab: a slab's halo doubles until its largest distance is no
-    more than the halo's depth (or the halo reaches the volume's ends)."""
+    """The largest distance to the solid (:func:`distance_pass` without keeping the map)."""
+    return distance_pass(read, nz, slab, sampling, None, start_halo, progress)
+
+
+def plan_tiles(shape: tuple, halo: tuple, budget_bytes: int) -> tuple:
+    """``(tz, ty, tx)``: the tile of the thickness pass that fits ``budget_bytes`` with its halo and
+    computes the fewest halo voxels per voxel: slabs of whole planes, or the largest cube.
+    InputError when neither fits."""
+    from ctpore.errors import InputError
+
+    nz, ny, nx = shape
+    hz, hy, hx = halo
+    room = budget_bytes / BYTES_PER_VOXEL
+
+    def window(t):  # a tile with its halo, clipped by the volume
+        return math.prod(n if ti >= n else min(n, ti + 2 * h) for n, ti, h in zip(shape, t, halo))
+
+    cands = []
+    tz = nz if nz * ny * nx <= room else min(nz, int(room / (ny * nx) - 2 * hz))
+    if tz >= 1:
+        cands.append((tz, ny, nx))
+    side = int(room ** (1 / 3))
+    while side >= 1 and window((side, side, side)) > room:
+        side -= 1
+    if side >= 8:
+        cands.append((min(nz, side), min(ny, side), min(nx, side)))
+    if not cands:
+        need = BYTES_PER_VOXEL * window((8, 8, 8)) / 2**30
+        raise InputError(f"the local thickness of pores this large (a radius of {max(halo)} voxels) needs a "
+                         f"budget of about {need:.2f} GB for its tiles; give a larger --memory-gb")
+    return min(cands, key=lambda t: window(t) / (t[0] * t[1] * t[2]))
+
+
+def tiled_thickness(dist: np.ndarray, out: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0),
+                    rmax: Optional[float] = None, budget_bytes: int = 1 << 30, progress: ProgressFn = None) -> tuple:
+    """The radii of :func:`thickness_radii` of the whole volume into ``out`` (int16, an array or a
+    memory map), from its exact distance map ``dist`` (:func:`distance_pass`), tile by tile: each tile
+    is computed with a halo of the largest radius (the centres that can reach it) read from the map
+    (:func:`plan_tiles`). Returns the tile."""
     sampling = tuple(sampling)
-    best, halo = 0.0, max(1, int(start_halo))
-    for z0 in range(0, nz, slab):
-        z1 = min(nz, z0 + slab)
-        while True:
-            core, w0, w1 = _slab_distances(read, nz, z0, z1, halo, sampling)
-            top = float(core.max()) if core.size else 0.0
-            whole = w0 == 0 and w1 == nz
-            if whole or top <= halo * sampling[0]:
-                break
-            halo *= 2
-        best = max(best, top)
+    shape = tuple(dist.shape)
+    nz = shape[0]
+    if rmax is None:
+        rmax = max((float(np.max(dist[z:z + 64])) for z in range(0, nz, 64)), default=0.0)
+    R = int(math.floor(rmax)) if np.isfinite(rmax) else max(shape)
+    halo = tuple(int(math.ceil(R / s)) for s in sampling)
+    tile = plan_tiles(shape, halo, budget_bytes)
+    tz, ty, tx = tile
+    for z0 in range(0, nz, tz):
+        z1 = min(nz, z0 + tz)
+        for y0 in range(0, shape[1], ty):
+            for x0 in range(0, shape[2], tx):
+                y1, x1 = min(shape[1], y0 + ty), min(shape[2], x0 + tx)
+                lo = (max(0, z0 - halo[0]), max(0, y0 - halo[1]), max(0, x0 - halo[2]))
+                hi = (min(nz, z1 + halo[0]), min(shape[1], y1 + halo[1]), min(shape[2], x1 + halo[2]))
+                d = np.asarray(dist[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]], np.float32)
+                radii = thickness_radii(d > 0, sampling, dist=d, rmax=R)
+                out[z0:z1, y0:y1, x0:x1] = radii[z0 - lo[0]:z1 - lo[0], y0 - lo[1]:y1 - lo[1], x0 - lo[2]:x1 - lo[2]]
         if progress is not None:
-            progress(z1, nz, "largest pore distance")
-    return best
+            progress(z1, nz, "local thickness")
+    return tile
 
 
 def streamed_thickness(read: Callable, nz: int, slab: int, sampling: Sequence[float] = (1.0, 1.0, 1.0),
                        rmax: Optional[float] = None, progress: ProgressFn = None) -> Iterator[tuple]:
-    """``(z0, z1, radii)`` slab after slab: the same radii as :func:`thickness_radii` of the whole
-    volume read as ``read(z0, z1)`` (module docstring). ``rmax``: the volume's largest distance
-    (:func:`largest_distance`, found here when not given)."""
-    sampling = tuple(sampling)
-    if rmax is None:
-        rmax = largest_distance(read, nz, slab, sampling, progress=progress)
-    if not np.isfinite(rmax):
-        rmax = float(max(nz * sampling[0], 1.0))
-    R = int(math.floor(rmax))
-    reach = int(math.ceil(R / sampling[0]))  # slices within R of a slice
+    """``(z0, z1, radii)`` slab after slab: :func:`tiled_thickness` of a volume read as ``read(z0, z1)``
+    with tiles that fit ``slab`` planes, the maps held in memory (for volumes that fit;
+    :func:`ctpore.pipelines.analysis.analyze_volume` keeps them in files)."""
+    first = np.asarray(read(0, min(nz, 1)))
+    dist = np.zeros((nz,) + first.shape[1:], np.float32)
+    top = distance_pass(read, nz, slab, sampling, dist, progress=progress)
+    radii = np.zeros(dist.shape, np.int16)
+    rmax = top if rmax is None else rmax
+    hz = int(math.ceil(math.floor(rmax) / sampling[0])) if np.isfinite(rmax) else nz
+    tiled_thickness(dist, radii, sampling, rmax, progress=progress,
+                    budget_bytes=BYTES_PER_VOXEL * (slab + 2 * hz) * dist.shape[1] * dist.shape[2])
     for z0 in range(0, nz, slab):
-        z1 = min(nz, z0 + slab)
-        w0, w1 = max(0, z0 - 2 * reach - 1), min(nz, z1 + 2 * reach + 1)
-        pores = np.asarray(read(w0, w1), bool)
-        d = distance_map(pores, sampling)
-        # only the voxels within R of the slab may centre a ball that reaches it; their distances
-        # are exact (the solid within R of them lies in the window)
-        centres = np.zeros(pores.shape, bool)
-        centres[max(0, z0 - reach - w0):min(w1, z1 + reach) - w0] = True
-        radii = thickness_radii(pores, sampling, dist=d, centres=centres, rmax=R)
-        yield z0, z1, radii[z0 - w0:z1 - w0]
-        if progress is not None:
-            progress(z1, nz, "local thickness")
+        yield z0, min(nz, z0 + slab), radii[z0:z0 + slab]
 
 
 def window_slices(budget_bytes: int, plane_voxels: int, reach: int) -> int:
-    """Slices per slab so that a slab and its two halos of ``2 reach + 1`` slices fit ``budget_bytes``
+    """Slices per slab of the distance pass: a slab and two halos of ``reach`` slices in ``budget_bytes``
     (at least 1)."""
     per_slice = BYTES_PER_VOXEL * max(1, plane_voxels)
-    return max(1, int(budget_bytes // per_slice) - 2 * (2 * reach + 1))
+    return max(1, int(budget_bytes // per_slice) - 2 * reach)

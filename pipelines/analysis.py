@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -29,7 +31,7 @@ import numpy as np
 from ctpore.data.minkowski import MinkowskiAccumulator
 from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
 from ctpore.data.slabs import StreamingTopology
-from ctpore.data.thickness import largest_distance, sampling_of, streamed_thickness, window_slices
+from ctpore.data.thickness import distance_pass, sampling_of, tiled_thickness
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
@@ -44,13 +46,17 @@ DEFAULT_SLAB_VOXELS = 1 << 23
 PASS_BYTES_PER_VOXEL = 24
 
 
-def analysis_budget(shape: tuple, memory_gb: Optional[float]) -> int:
-    """Bytes the analysis may hold at once (the process's base excluded)."""
-    from ctpore.pipelines.budget import BASE_BYTES
+#: The memory budget (GB) of the whole process when none is given: ``reconstruct``'s.
+DEFAULT_MEMORY_GB = 1.5
 
-    if memory_gb is None:
-        return DEFAULT_SLAB_VOXELS * PASS_BYTES_PER_VOXEL
-    budget = int(memory_gb * 2**30) - BASE_BYTES
+
+def analysis_budget(shape: tuple, memory_gb: Optional[float]) -> int:
+    """Bytes the analysis may hold at once (the process's base excluded): ``memory_gb`` for the whole
+    process (None: :data:`DEFAULT_MEMORY_GB`)."""
+    from ctpore.pipelines.budget import BASE_BYTES, MARGIN_BYTES
+
+    memory_gb = DEFAULT_MEMORY_GB if memory_gb is None else memory_gb
+    budget = int(memory_gb * 2**30) - BASE_BYTES - MARGIN_BYTES
     if budget <= PASS_BYTES_PER_VOXEL * shape[1] * shape[2]:
         raise InputError(f"--memory-gb {memory_gb:g} leaves no room for one slice of {shape[1]} x {shape[2]} voxels "
                          "beside the process itself; give more")
@@ -85,12 +91,14 @@ def thickness_summary(counts: np.ndarray, unit: float) -> dict:
 
 
 def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, memory_gb: Optional[float] = None,
-                   thickness_writer: Any = None, progress: ProgressFn = None) -> dict:
+                   thickness_writer: Any = None, tmp_dir: Any = None, progress: ProgressFn = None) -> dict:
     """Every figure of the module docstring for ``pores`` (an array or a Scan, ``(Z, Y, X)``, 0/1),
     ``sample`` (the same, or None: every voxel) and ``prob`` (the calibrated probability, or
-    None). ``thickness_writer``, when given, takes the thickness map (diameters in voxels of the
-    smallest side, uint16) slab by slab. Returns the figures, with ``psd_counts`` (pore voxels
-    per radius) and ``unit`` (the smallest side in mm, or None where the units are unknown)."""
+    None). ``thickness_writer``, when given, takes the thickness map (diameters, float32, in mm or in
+    voxels of the smallest side where the units are unknown) slab by slab. ``tmp_dir``: where the
+    distance map waits when it does not fit the budget (default: the system's temporary folder).
+    Returns the figures, with ``psd_counts`` (pore voxels per radius) and ``unit`` (the smallest side
+    in mm, or None where the units are unknown)."""
     t0 = time.perf_counter()
     shape = tuple(int(s) for s in pores.shape)
     nz, plane = shape[0], shape[1] * shape[2]
@@ -98,7 +106,7 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
         if other is not None and tuple(other.shape) != shape:
             raise InputError(f"the {what} is {tuple(other.shape)}, the pores {shape}: give the {what} of these pores")
     budget = analysis_budget(shape, memory_gb)
-    slab = max(1, min(nz, budget // (PASS_BYTES_PER_VOXEL * plane)))
+    slab = max(1, min(nz, budget // (PASS_BYTES_PER_VOXEL * plane), DEFAULT_SLAB_VOXELS // plane or 1))
     known = getattr(geometry, "units", "mm") != "unknown"
     spacing = tuple(float(s) for s in geometry.spacing_mm) if known else (1.0, 1.0, 1.0)
     sampling = sampling_of(spacing)
@@ -139,19 +147,36 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
         conn.add(read(z0, z1), read_sample(z0, z1))
         if progress is not None:
             progress(z1, nz, "connectivity")
-    # passes 3 and 4: the local thickness
-    rmax = largest_distance(read, nz, slab, sampling, progress=progress)
-    reach = int(math.ceil(math.floor(rmax) / sampling[0])) if np.isfinite(rmax) else nz
-    tslab = min(nz, window_slices(budget, plane, reach))
-    psd = np.zeros(int(math.floor(rmax)) + 1 if np.isfinite(rmax) else 1, np.int64)
-    if mink.n_pore and np.isfinite(rmax):
-        for _z0, _z1, radii in streamed_thickness(read, nz, tslab, sampling, rmax=rmax, progress=progress):
-            psd += np.bincount(radii.ravel(), minlength=len(psd))[:len(psd)]
-            if thickness_writer is not None:
-                thickness_writer.write((2 * radii).astype(np.uint16))
-    elif thickness_writer is not None:
-        for z0 in range(0, nz, slab):
-            thickness_writer.write(np.zeros((min(nz, z0 + slab) - z0,) + shape[1:], np.uint16))
+    # passes 3 and 4: the exact distance map, then the local thickness from it tile by tile with a
+    # halo of the largest radius; both maps in memory when a quarter of the budget holds them, else in
+    # nameless files
+    with tempfile.TemporaryDirectory(prefix=".ctpore-analysis-", dir=tmp_dir) as tmp:
+        in_memory = 6 * nz * plane <= budget // 4
+        dist = (np.zeros(shape, np.float32) if in_memory
+                else np.lib.format.open_memmap(Path(tmp) / "distance.npy", "w+", np.float32, shape))
+        # slabs of the distance pass: the pores of a slab and its halo (1 byte a voxel) in a quarter of
+        # the budget, their transform tiled in the rest
+        dslab = max(1, min(nz, budget // (4 * plane) - 64))
+        rmax = distance_pass(read, nz, dslab, sampling, dist, progress=progress,
+                             budget_bytes=budget - (6 * nz * plane if in_memory else 0) - budget // 4)
+        psd = np.zeros(int(math.floor(rmax)) + 1 if np.isfinite(rmax) else 1, np.int64)
+        tiles = "none"
+        if mink.n_pore and np.isfinite(rmax):
+            radii = (np.zeros(shape, np.int16) if in_memory
+                     else np.lib.format.open_memmap(Path(tmp) / "radii.npy", "w+", np.int16, shape))
+            room = budget - (6 * nz * plane if in_memory else 0)
+            tile = tiled_thickness(dist, radii, sampling, rmax, room, progress=progress)
+            tiles = "x".join(map(str, tile))
+            for z0 in range(0, nz, slab):
+                r = np.asarray(radii[z0:z0 + slab])
+                psd += np.bincount(r.ravel(), minlength=len(psd))[:len(psd)]
+                if thickness_writer is not None:
+                    thickness_writer.write((2.0 * r * min(spacing)).astype(np.float32))
+            del radii
+        elif thickness_writer is not None:
+            for z0 in range(0, nz, slab):
+                thickness_writer.write(np.zeros((min(nz, z0 + slab) - z0,) + shape[1:], np.float32))
+        del dist
     m, c = mink.measures(), conn.result()
     n_sample = m["sample_voxels"]
     voxel = float(np.prod(spacing))
@@ -171,5 +196,5 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
         "sample_voxels": n_sample, "largest_radius": float(rmax) if np.isfinite(rmax) else None,
         "units_known": known, "unit": unit if known else None, "psd_counts": psd.tolist(),
         "faces_zyx": [list(f) if f is not None else None for f in faces],
-        "slab_slices": int(slab), "thickness_slab_slices": int(tslab), "seconds": round(time.perf_counter() - t0, 2),
+        "slab_slices": int(slab), "thickness_tile": tiles, "seconds": round(time.perf_counter() - t0, 2),
     }

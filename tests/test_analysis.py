@@ -223,12 +223,19 @@ def test_analyze_streamed_under_a_small_budget_equals_whole(tmp_path):
     pores = _blobs((64, 96, 96), 5, 2.0, 0.52)
     smp = _core(pores.shape)
     geom = geometry_from_array(pores.shape, (0.01, 0.01, 0.01))
+    from ctpore.pipelines.budget import BASE_BYTES, MARGIN_BYTES
+
     whole = analyze_volume(pores, geom, sample=smp)
-    small = analyze_volume(pores, geom, sample=smp, memory_gb=0.5 * (pores.size * 24 / 2**30) + 320 / 1024)
-    assert small["slab_slices"] < pores.shape[0] and small["thickness_slab_slices"] < pores.shape[0]
+    # a budget of 12 slices: slabs, a distance map in a file, and 3D tiles for the thickness
+    budget = 24 * 12 * pores.shape[1] * pores.shape[2]
+    small = analyze_volume(pores, geom, sample=smp, memory_gb=(BASE_BYTES + MARGIN_BYTES + budget) / 2**30,
+                           tmp_dir=tmp_path)
+    assert small["slab_slices"] == 12 and small["thickness_tile"].split("x")[1] != "96", small["thickness_tile"]
+    assert whole["thickness_tile"].startswith("64x96x96")
     for k in whole:
-        if k not in ("seconds", "slab_slices", "thickness_slab_slices"):
+        if k not in ("seconds", "slab_slices", "thickness_tile"):
             assert small[k] == whole[k], k
+    assert list(tmp_path.iterdir()) == []  # the distance map's file is gone
     # the figures against their own whole-volume definitions
     inside = pores.astype(bool) & smp
     assert whole["porosity"] == inside.sum() / smp.sum()

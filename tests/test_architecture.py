@@ -141,8 +141,9 @@ def test_every_module_is_named_in_the_architecture_map():
 
 def test_every_package_is_in_the_installed_list():
     # ``pip install .`` (the README's quick start) ships only the packages pyproject.toml lists
-    listed = set(re.findall(r'"(ctpore(?:\.[a-z_]+)*)"', (ROOT / "pyproject.toml").read_text().split("[tool.setuptools]")[1]
-                            .split("[tool.setuptools.package-dir]")[0]))
+    text = (ROOT / "pyproject.toml").read_text()
+    table = text.split("[tool.setuptools]")[1].split("[tool.setuptools.package-dir]")[0]
+    listed = set(re.findall(r'"(ctpore(?:\.[a-z_]+)*)"', table))
     found = {"ctpore." + ".".join(p.parent.relative_to(ROOT).parts) if p.parent != ROOT else "ctpore"
              for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")} | {"ctpore"}
     assert found - listed == set(), f"packages missing from pyproject.toml's list: {sorted(found - listed)}"

@@ -1,0 +1,347 @@
+"""``ctpore bench analysis``: ``ctpore analyze`` beside PoreSpy, scikit-image and the analytic truth.
+
+- **Pore sizes**: on the real Leopard sandstone (the repository's test copy) and on a simulated
+  volume of each pore family, the local thickness of ``ctpore analyze`` against PoreSpy 3.2's
+  ``local_thickness(method="dt")`` (run in a child process, where PoreSpy is installed): the two
+  maps voxel for voxel, and d10, d50 and d90 (the same volume-weighted rule on both maps) against
+  the tolerance of one radius step (2 voxels of diameter) or 10%, whichever is larger.
+- **Connectivity**: the connected and percolating porosities and the verdicts against a
+  whole-volume labelling (``skimage.measure.label``, 26-connected).
+- **Surface area**: against the analytic area of balls and of planes at random orientations, with
+  marching cubes' area (scikit-image) beside it for reference.
+- **Scale**: whole processes on simulated volumes (``ctpore analyze`` with its default memory
+  budget; PoreSpy's ``local_thickness`` where it finishes within the time limit): seconds and peak
+  memory (the child's peak resident set).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ctpore.data.splits import FURTHER_SEED_BASE
+from ctpore.progress import ProgressFn
+
+__all__ = ["ANALYSIS_SEED_BASE", "bench_analysis", "write_analysis_report", "quantiles_match"]
+
+#: Seeds of the simulated volumes (the further held-out block, apart from the sample and adapt benches').
+ANALYSIS_SEED_BASE = FURTHER_SEED_BASE + 800_000
+
+_PORESPY_CHILD = r"""
+import json, sys, time, resource
+import numpy as np
+t0 = time.perf_counter()
+import porespy as ps
+im = np.load(sys.argv[1]).astype(bool)
+lt = ps.filters.local_thickness(im, method="dt")
+np.save(sys.argv[2], lt.astype(np.int16))
+print(json.dumps({"seconds": time.perf_counter() - t0, "version": ps.__version__}))
+"""
+
+
+def quantiles_match(a: Optional[float], b: Optional[float], step: float) -> bool:
+    """Within one radius step (2 voxels of diameter, ``step`` in the same unit) or 10%, the larger."""
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= max(step, 0.1 * abs(b))
+
+
+_WRAPPER = r"""
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[2:]).returncode
+open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(rc)
+"""
+
+
+def _child(args: list, timeout: float, env: Optional[dict] = None) -> dict:
+    """Run a child process under a wrapper of its own (so that its peak resident set is its alone):
+    wall seconds, peak GB, exit code and the last line of its output."""
+    import tempfile
+
+    fd, peak_file = tempfile.mkstemp(suffix=".maxrss")
+    os.close(fd)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, peak_file, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        os.unlink(peak_file)
+        return {"seconds": round(time.perf_counter() - t0, 1), "peak_gb": None, "rc": None, "timed_out": True}
+    seconds = round(time.perf_counter() - t0, 1)
+    try:
+        peak = round(int(Path(peak_file).read_text() or 0) / 2**20, 3)  # kB on Linux
+    except (OSError, ValueError):
+        peak = None
+    os.unlink(peak_file)
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    return {"seconds": seconds, "peak_gb": peak, "rc": proc.returncode, "timed_out": False, "out": last,
+            "err": err.strip().splitlines()[-1] if proc.returncode and err.strip() else ""}
+
+
+def _porespy_python(given: Optional[str]) -> Optional[str]:
+    cands = [given] if given else [sys.executable]
+    for py in cands:
+        try:
+            r = subprocess.run([py, "-c", "import porespy"], capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0:
+            return py
+    return None
+
+
+def _label(volume: np.ndarray) -> tuple:
+    from skimage.measure import label
+
+    return label(volume.astype(bool), connectivity=3, return_num=True)
+
+
+def _connectivity_reference(pores: np.ndarray) -> dict:
+    """Connected porosity (touching a face of the volume) and percolation along z, y, x from a
+    whole-volume labelling, with every voxel the sample."""
+    lab, _n = _label(pores)
+    n = pores.size
+    faces = [np.unique(np.concatenate([np.take(lab, 0, axis=a).ravel(), np.take(lab, -1, axis=a).ravel()]))
+             for a in range(3)]
+    touching = np.setdiff1d(np.unique(np.concatenate(faces)), [0])
+    perc = []
+    for a in range(3):
+        both = np.intersect1d(np.unique(np.take(lab, 0, axis=a)), np.unique(np.take(lab, -1, axis=a)))
+        perc.append(float(np.isin(lab, both[both > 0]).sum() / n))
+    return {"connected_porosity": float(np.isin(lab, touching).sum() / n), "percolating_porosity_zyx": perc,
+            "percolates_zyx": [p > 0 for p in perc]}
+
+
+def _pore_sizes(radii: np.ndarray, unit: float) -> dict:
+    from ctpore.pipelines.analysis import thickness_summary
+
+    return thickness_summary(np.bincount(radii.ravel().astype(np.int64)), unit)
+
+
+def _case(name: str, pores: np.ndarray, spacing: tuple, porespy: Optional[str], workdir: Path) -> dict:
+    from ctpore.data.io.geometry import geometry_from_array
+    from ctpore.data.thickness import sampling_of, thickness_radii
+    from ctpore.pipelines.analysis import analyze_volume
+
+    geom = geometry_from_array(pores.shape, spacing)
+    got = analyze_volume(pores, geom)
+    unit = min(spacing)
+    row = {"name": name, "shape": list(pores.shape), "spacing_mm": list(spacing), "porosity": got["porosity"],
+           "ctpore": {k: got[k] for k in ("thickness_d10", "thickness_d50", "thickness_d90", "thickness_mean",
+                                          "connected_porosity", "percolating_porosity_zyx", "percolates_zyx",
+                                          "surface_area", "specific_surface")}}
+    ref = _connectivity_reference(pores)
+    row["labelling"] = ref
+    row["connectivity_equal"] = (abs(ref["connected_porosity"] - got["connected_porosity"]) < 1e-12
+                                 and ref["percolates_zyx"] == got["percolates_zyx"]
+                                 and all(abs(a - b) < 1e-12 for a, b in zip(ref["percolating_porosity_zyx"],
+                                                                              got["percolating_porosity_zyx"])))
+    if porespy is not None:
+        src, dst = workdir / f"{name}.npy", workdir / f"{name}_lt.npy"
+        np.save(src, pores.astype(np.uint8))
+        run = _child([porespy, "-c", _PORESPY_CHILD, str(src), str(dst)], timeout=3600)
+        if run["rc"] == 0:
+            ps_radii = np.load(dst)
+            mine = thickness_radii(pores, sampling_of(spacing))
+            ps = _pore_sizes(ps_radii, unit)
+            row["porespy"] = {**{f"thickness_{k}": v for k, v in ps.items()},
+                              "version": json.loads(run["out"])["version"]}
+            row["maps_equal_voxels"] = float(np.mean(mine == ps_radii))
+            row["quantiles_match"] = all(quantiles_match(got[f"thickness_{q}"], ps[q], 2 * unit)
+                                         for q in ("d10", "d50", "d90"))
+        else:
+            row["porespy"] = {"error": run.get("err") or "timed out"}
+    return row
+
+
+def _marching_cubes_area(vol: np.ndarray) -> float:
+    from skimage.measure import marching_cubes, mesh_surface_area
+
+    padded = np.pad(vol.astype(np.float32), 1)
+    verts, faces, _n, _v = marching_cubes(padded, 0.5)
+    return float(mesh_surface_area(verts, faces))
+
+
+def _surface_cases(seed: int = 0) -> list:
+    from ctpore.data.minkowski import minkowski_measures
+
+    rows = []
+    for r in (10.0, 20.0, 30.0):
+        n = int(2 * r + 8)
+        z, y, x = np.indices((n, n, n)) - (n - 1) / 2 - 0.23
+        ball = (z * z + y * y + x * x < r * r).astype(np.uint8)
+        exact = 4 * math.pi * r * r
+        rows.append({"shape": f"ball r={r:g}", "analytic": exact, "ctpore": minkowski_measures(ball)["surface_area"],
+                     "marching_cubes": _marching_cubes_area(ball)})
+    rng = np.random.default_rng(seed)
+    size = 64
+    idx = np.indices((size, size, size)).reshape(3, -1).T
+    for k in range(8):
+        normal = rng.normal(size=3)
+        normal /= np.linalg.norm(normal)
+        c = float(normal @ np.full(3, (size - 1) / 2))
+        half = (idx @ normal < c).reshape(size, size, size).astype(np.uint8)
+        # the tiles' region [0, size-1]^3: the plane's area in it (a convex polygon)
+        rows.append({"shape": f"plane {k + 1} (normal {', '.join(f'{v:+.2f}' for v in normal)})",
+                     "analytic": _plane_area(normal, c, size), "ctpore": minkowski_measures(half)["surface_area"],
+                     "marching_cubes": None})
+    for r in rows:
+        r["ctpore_error"] = r["ctpore"] / r["analytic"] - 1
+        r["marching_cubes_error"] = None if r["marching_cubes"] is None else r["marching_cubes"] / r["analytic"] - 1
+    return rows
+
+
+def _plane_area(normal: np.ndarray, c: float, size: int) -> float:
+    import itertools
+
+    pts = []
+    for a in range(3):
+        o = [i for i in range(3) if i != a]
+        if abs(normal[a]) < 1e-12:
+            continue
+        for u, v in itertools.product((0, size - 1), repeat=2):
+            p = np.zeros(3)
+            p[o[0]], p[o[1]] = u, v
+            p[a] = (c - normal[o[0]] * u - normal[o[1]] * v) / normal[a]
+            if 0 <= p[a] <= size - 1:
+                pts.append(p)
+    pts = np.array(pts)
+    centre = pts.mean(axis=0)
+    e1 = (pts[0] - centre) / np.linalg.norm(pts[0] - centre)
+    e2 = np.cross(normal, e1)
+    q = pts[np.argsort(np.arctan2((pts - centre) @ e2, (pts - centre) @ e1))]
+    return float(0.5 * np.linalg.norm(sum(np.cross(q[i], q[(i + 1) % len(q)]) for i in range(len(q)))))
+
+
+def _scale(sizes: tuple, porespy: Optional[str], workdir: Path, limit_s: float, progress: ProgressFn) -> list:
+    import nibabel as nib
+
+    from ctpore.data.synthetic import make_pair
+
+    rows = []
+    for n in sizes:
+        _s, pores, _m = make_pair(ANALYSIS_SEED_BASE + 100 + n, shape=(n, n, n), family="grains")
+        path = workdir / f"scale_{n}_pores.nii.gz"
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(pores.T), np.diag([0.01, 0.01, 0.01, 1.0])), path)
+        env = {**os.environ, "CTPORE_NO_PROGRESS": "1"}
+        mine = _child([sys.executable, "-m", "ctpore.app.cli", "analyze", str(path), "-o", str(workdir / f"out_{n}"),
+                       "--overwrite", "--json"], timeout=limit_s * 4, env=env)
+        row = {"size": n, "voxels": n**3, "ctpore": {k: mine[k] for k in ("seconds", "peak_gb", "rc")}}
+        if porespy is not None:
+            np.save(workdir / f"scale_{n}.npy", pores)
+            ps = _child([porespy, "-c", _PORESPY_CHILD, str(workdir / f"scale_{n}.npy"),
+                         str(workdir / f"scale_{n}_lt.npy")], timeout=limit_s)
+            row["porespy"] = {k: ps.get(k) for k in ("seconds", "peak_gb", "rc", "timed_out")}
+        rows.append(row)
+        if progress is not None:
+            progress(len(rows), len(sizes), f"scale {n}^3")
+    return rows
+
+
+def bench_analysis(sizes: tuple = (256, 512), sim_size: int = 128, porespy_python: Optional[str] = None,
+                   workdir: Path = Path("runs/analysis"), limit_s: float = 1800.0, progress: ProgressFn = None) -> dict:
+    """Every comparison of the module docstring; returns the report's content."""
+    from ctpore.data.synthetic import make_pair
+    from ctpore.data.synthetic.structures import FAMILIES
+    from ctpore.pipelines.bench.quality import default_leopard
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    porespy = _porespy_python(porespy_python)
+    cases = []
+    leo = default_leopard()
+    if leo is not None:
+        from ctpore.data.io import read_volume
+
+        vol, geom = read_volume(leo)
+        cases.append(_case("leopard", (vol > 0).astype(np.uint8), geom.spacing_mm, porespy, workdir))
+    for i, fam in enumerate(FAMILIES):
+        _s, pores, _m = make_pair(ANALYSIS_SEED_BASE + i, shape=(sim_size,) * 3, family=fam)
+        cases.append(_case(fam, pores, (0.01, 0.01, 0.01), porespy, workdir))
+        if progress is not None:
+            progress(i + 1, len(FAMILIES), f"pore sizes: {fam}")
+    return {"porespy": porespy is not None, "cases": cases, "surface": _surface_cases(),
+            "scale": _scale(tuple(sizes), porespy, workdir, limit_s, progress), "sim_size": sim_size,
+            "cpu": _cpu_name()}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores"
+
+
+def write_analysis_report(res: dict, outdir: Path, command: str) -> tuple[Path, Path]:
+    """``analysis.json`` and ``analysis.md`` in ``outdir``."""
+    from ctpore.atomic import atomic_write, write_json_atomic
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    res = {**res, "command": command}
+    jpath = write_json_atomic(outdir / "analysis.json", res)
+
+    def f(v, nd=4):
+        return "-" if v is None else (f"{v:.{nd}g}" if isinstance(v, float) else str(v))
+
+    lines = ["# ctpore analyze beside PoreSpy, scikit-image and the analytic truth", "",
+             f"Written by `{command}` on {res['cpu']}.", "",
+             "## Pore sizes (local thickness, volume-weighted diameters)", "",
+             "PoreSpy is 3.2's `local_thickness(method=\"dt\")`; the same d10/d50/d90 rule is applied to both maps "
+             "(the smallest diameter with at least that share of the pore volume at or below it). A match is "
+             "within one radius step (2 voxels of diameter) or 10%, whichever is larger.", "",
+             "| volume | porosity | d10 ctpore / PoreSpy | d50 | d90 | maps equal (voxels) | match |",
+             "|---|---:|---|---|---|---:|---|"]
+    for c in res["cases"]:
+        ps = c.get("porespy", {})
+        cells = [f"{f(c['ctpore'][f'thickness_{q}'])} / {f(ps.get(f'thickness_{q}'))}" for q in ("d10", "d50", "d90")]
+        eq = c.get("maps_equal_voxels")
+        lines.append(f"| {c['name']} ({'x'.join(map(str, c['shape']))}, {c['spacing_mm'][0]:g} mm) | "
+                     f"{c['porosity']:.3f} | " + " | ".join(cells) + f" | {'-' if eq is None else f'{eq:.2%}'} | "
+                     f"{'yes' if c.get('quantiles_match') else 'no' if 'quantiles_match' in c else '-'} |")
+    lines += ["", "## Connected and percolating porosity", "",
+              "Every voxel is the sample; the reference labels the whole volume with scikit-image (26-connected).", "",
+              "| volume | connected ctpore / labelling | percolating z, y, x (ctpore) | equal |", "|---|---|---|---|"]
+    for c in res["cases"]:
+        ct, ref = c["ctpore"], c["labelling"]
+        lines.append(f"| {c['name']} | {ct['connected_porosity']:.4f} / {ref['connected_porosity']:.4f} | "
+                     + ", ".join(f(v) for v in ct["percolating_porosity_zyx"])
+                     + f" | {'yes' if c['connectivity_equal'] else 'no'} |")
+    lines += ["", "## Surface area against the analytic area", "",
+              "ctpore: the 13-direction Crofton estimate from 2x2x2 configurations (Ohser & Mücklich); marching "
+              "cubes: scikit-image's mesh of the binary volume, for reference (balls only).", "",
+              "| shape | analytic (voxel²) | ctpore | error | marching cubes | error |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for s in res["surface"]:
+        lines.append(f"| {s['shape']} | {s['analytic']:.1f} | {s['ctpore']:.1f} | {s['ctpore_error']:+.2%} | "
+                     f"{f(s['marching_cubes'], 6)} | "
+                     f"{'-' if s['marching_cubes_error'] is None else format(s['marching_cubes_error'], '+.2%')} |")
+    lines += ["", "## Whole processes on simulated volumes", "",
+              "ctpore: `ctpore analyze` (every figure and output, default memory budget); PoreSpy: loading the "
+              "volume and `local_thickness` alone. Peak: the child's peak resident set.", "",
+              "| volume | ctpore seconds | ctpore peak GB | PoreSpy seconds | PoreSpy peak GB |",
+              "|---|---:|---:|---:|---:|"]
+    for s in res["scale"]:
+        ps = s.get("porespy") or {}
+        pst = "did not finish" if ps.get("timed_out") else f(ps.get("seconds"))
+        lines.append(f"| {s['size']}³ | {f(s['ctpore']['seconds'])} | {f(s['ctpore']['peak_gb'])} | {pst} | "
+                     f"{f(ps.get('peak_gb'))} |")
+    mpath = outdir / "analysis.md"
+    with atomic_write(mpath) as tmp:
+        Path(tmp).write_text("\n".join(lines) + "\n")
+    return jpath, mpath
