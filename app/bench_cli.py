@@ -231,7 +231,11 @@ def bench_analysis(quick, sizes, sim_size, porespy_python, limit_minutes, workdi
     with _Progress("bench analysis") as bar:
         res = run(sizes=edges, sim_size=32 if quick else sim_size, porespy_python=porespy_python, workdir=workdir,
                   limit_s=60.0 * limit_minutes, progress=bar)
-    jpath, mpath = write_analysis_report(res, outdir, typed_command(click.get_current_context()))
+    command = typed_command(click.get_current_context())
+    if porespy_python:  # a path of this machine: the report names what it is instead
+        command = command.replace(str(porespy_python), "PY")
+        res["porespy_python"] = "PY: a Python with porespy installed"
+    jpath, mpath = write_analysis_report(res, outdir, command)
     if not res["porespy"]:
         click.echo("PoreSpy was not found (pip install porespy==3.2.0, or give --porespy-python): "
                    "its columns are empty")

@@ -28,6 +28,7 @@ Examples
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Optional
 
@@ -55,6 +56,18 @@ def sampling_of(spacing: Sequence[float]) -> tuple:
     return tuple(v / m for v in s)
 
 
+def _edt(mask: np.ndarray, sampling: tuple) -> np.ndarray:
+    """Euclidean distance of every True voxel to the nearest False one (the border is not False),
+    float32: the ``edt`` package where it is installed (the ``analysis`` extra; about three times
+    faster, and light on memory), else scipy's transform."""
+    try:
+        import edt
+    except ImportError:
+        return ndi.distance_transform_edt(mask, sampling=sampling).astype(np.float32)
+    return edt.edt(np.ascontiguousarray(mask), anisotropy=tuple(float(s) for s in sampling), black_border=False,
+                   parallel=max(1, min(4, os.cpu_count() or 1)))
+
+
 def distance_map(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0)) -> np.ndarray:
     """Distance (float32, as PoreSpy's ``edt`` gives it; a map kept on disk is the same) of every pore
     voxel to the nearest solid one; 0 on the solid."""
@@ -63,7 +76,7 @@ def distance_map(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0))
         return np.zeros(p.shape, np.float32)
     if p.all():  # no solid at all: nothing bounds a ball but the border, which is not solid
         return np.full(p.shape, np.inf, np.float32)
-    return ndi.distance_transform_edt(p, sampling=tuple(sampling)).astype(np.float32)
+    return _edt(p, tuple(sampling))
 
 
 def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0),
@@ -99,7 +112,7 @@ def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.
             grow = int(math.ceil(r / sampling[axis]))
             box.append(slice(max(0, on[0] - grow), min(n, on[-1] + grow + 1)))
         box = tuple(box)
-        cover = ndi.distance_transform_edt(~seeds[box], sampling=sampling) < r
+        cover = _edt(~seeds[box], sampling) < r
         region = out[box]
         region[(region == 0) & cover] = r
     return out

@@ -289,3 +289,14 @@ def test_a_grey_volume_is_refused_in_one_line_and_nothing_is_left(tmp_path):
     assert exc.value.code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g_pores.nii.gz"]
     del CliRunner
+
+
+def test_the_edt_package_and_scipy_give_the_same_thickness(monkeypatch):
+    pytest.importorskip("edt", reason="the analysis extra's edt is not installed: nothing to compare")
+    pores = _blobs((30, 34, 28), 4, 2.0, 0.5)
+    for sampling in ((1.0, 1.0, 1.0), (2.0, 1.0, 1.0)):
+        fast = thickness_radii(pores, sampling)
+        with monkeypatch.context() as m:
+            m.setitem(__import__("sys").modules, "edt", None)  # import edt then fails: scipy's transform
+            slow = thickness_radii(pores, sampling)
+        assert np.array_equal(fast, slow)
