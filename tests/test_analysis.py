@@ -300,3 +300,20 @@ def test_the_edt_package_and_scipy_give_the_same_thickness(monkeypatch):
             m.setitem(__import__("sys").modules, "edt", None)  # import edt then fails: scipy's transform
             slow = thickness_radii(pores, sampling)
         assert np.array_equal(fast, slow)
+
+
+def test_reconstruct_with_analyze_puts_the_figures_in_the_metrics(tmp_path):
+    from ctpore.data.synthetic import make_pair
+    from ctpore.pipelines.reconstruct import reconstruct_file
+
+    scan, _label, _ = make_pair(2800123, shape=(24, 40, 40), family="vesicles")
+    img = nib.Nifti1Image(np.ascontiguousarray(scan.T.astype(np.float32)), np.diag([0.01, 0.01, 0.01, 1.0]))
+    img.header.set_xyzt_units("mm")
+    nib.save(img, tmp_path / "s.nii.gz")
+    out = reconstruct_file(tmp_path / "s.nii.gz", tmp_path / "out", "otsu", analyze=True, sample="all")
+    m = out["result"]
+    rec = json.loads((tmp_path / "out" / "s_analysis.json").read_text())
+    for key in ("thickness_d50_mm", "surface_area_mm2", "connected_porosity", "percolating_porosity_zyx"):
+        assert m[key] == rec[key], key
+    assert rec["porosity"] == m["porosity"] and rec["euler_number"] == m["euler_number"]
+    assert rec["porosity_expected"] is not None  # the probability beside the pores was read
