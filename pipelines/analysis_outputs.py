@@ -15,7 +15,7 @@ from typing import Union
 
 import numpy as np
 
-__all__ = ["psd_rows", "write_psd_csv", "write_psd_png"]
+__all__ = ["psd_rows", "write_psd_csv", "write_psd_png", "psd_image"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -48,10 +48,18 @@ def write_psd_csv(counts, unit: float, unit_name: str, path: PathLike) -> None:
 
 
 def write_psd_png(counts, unit: float, unit_name: str, path: PathLike, figures: dict) -> None:
-    """The plot, whole or not at all (module docstring)."""
+    """The plot (:func:`psd_image`), whole or not at all."""
+    from ctpore.atomic import atomic_write
+
+    img = psd_image(counts, unit, unit_name, figures)
+    with atomic_write(path) as tmp:
+        img.save(tmp, format="PNG")
+
+
+def psd_image(counts, unit: float, unit_name: str, figures: dict):
+    """The plot of the module docstring as a PIL image (``figures``: the ``thickness_d10``... to mark)."""
     from PIL import Image, ImageDraw
 
-    from ctpore.atomic import atomic_write
     from ctpore.pipelines.inspect_plot import plot_font
 
     rows = psd_rows(counts, unit)
@@ -92,5 +100,4 @@ def write_psd_png(counts, unit: float, unit_name: str, path: PathLike, figures: 
     dr.text((left + pw / 2 - 60, H - 24), f"diameter ({unit_name})", fill="black", font=font)
     dr.text((left, top - 16), "share of pore volume", fill=(214, 96, 20), font=font)
     dr.text((left + pw - 70, top - 16), "cumulative", fill=(40, 96, 170), font=font)
-    with atomic_write(path) as tmp:
-        img.save(tmp, format="PNG")
+    return img

@@ -372,3 +372,33 @@ def test_paint_fine_tune_and_reconstruct_with_the_tuned_weights(make_napari_view
     assert "fine-tuned" in pores.metadata["ctpore_metrics"]["model"]["name"]
     widget.mark_next()
     assert "label next" in viewer.layers and viewer.dims.current_step[0] == int(viewer.layers["label next"].data[0][0])
+
+
+def test_analyze_a_pores_layer_within_its_sample(make_napari_viewer, qtbot):
+    """The Analyze dock: a pores layer and its sample picked, the worker run; the thickness map comes
+    back as a layer equal to analyze's own, the pore-size plot is drawn, the figures are written."""
+    from scipy import ndimage as ndi
+
+    from ctpore.app.napari.analysis_dock import AnalyzeWidget
+    from ctpore.data.io.geometry import geometry_from_array
+    from ctpore.pipelines.analysis import analyze_volume
+
+    rng = np.random.default_rng(3)
+    pores = (ndi.gaussian_filter(rng.random((24, 40, 40)), 2.0) > 0.5).astype(np.uint8)
+    z, y, x = np.indices(pores.shape)
+    sample = ((y - 19.5) ** 2 + (x - 19.5) ** 2 < 18**2).astype(np.uint8)
+    viewer = make_napari_viewer()
+    viewer.add_labels(pores, name="rock pores", scale=(0.01, 0.01, 0.01), metadata={"ctpore_role": "pores"})
+    viewer.add_labels(sample, name="rock sample", scale=(0.01, 0.01, 0.01), metadata={"ctpore_role": "sample"})
+    widget = AnalyzeWidget(viewer)
+    assert widget.pores_choice.currentText() == "rock pores" and widget.sample_choice.currentText() == "rock sample"
+    widget.run()
+    qtbot.waitUntil(lambda: widget.run_button.isEnabled(), timeout=120_000)
+    assert widget.result is not None, widget.status.text()
+    want = analyze_volume(pores, geometry_from_array(pores.shape, (0.01, 0.01, 0.01)), sample=sample > 0)
+    assert widget.result["connected_porosity"] == want["connected_porosity"]
+    layer = viewer.layers["rock pores thickness (mm)"]
+    assert layer.metadata["ctpore_role"] == "thickness" and float(np.asarray(layer.data).max()) > 0
+    assert np.asarray(layer.data)[sample == 0].max() == 0  # outside the sample: no pore, no thickness
+    assert widget.picture.pixmap() is not None and not widget.picture.pixmap().isNull()
+    assert "percolating z, y, x" in widget.status.text()

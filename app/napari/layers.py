@@ -28,7 +28,7 @@ ROLE = "ctpore_role"
 #: Roles of the layers the attention inspector adds (replaced at each new voxel).
 INSPECTOR_ROLES = ("entropy", "inspected voxel", "most attended")
 #: Roles of the layers ctpore adds that are results, not scans (never offered as a scan).
-OUTPUT_ROLES = ("probability", "pores", "sample", "truth", *INSPECTOR_ROLES)
+OUTPUT_ROLES = ("probability", "pores", "sample", "truth", "thickness", *INSPECTOR_ROLES)
 #: The role of a 0/1 layer the user picked as the sample mask (painted, loaded, or ctpore's found
 #: sample edited): an input of its own, apart from the pores and from labels of pore and solid.
 SAMPLE_MASK_ROLE = "sample mask"
