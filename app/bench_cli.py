@@ -206,7 +206,9 @@ def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir):
 
 @bench.command("analysis")
 @_option("--quick", is_flag=True, show_default=True, help="Small volumes only (a check that it runs).")
-@_option("--sizes", default="256,512", show_default=True, help="Edge lengths of the whole-process runs.")
+@_option("--sizes", default="256,512,1024", show_default=True, help="Edge lengths of the whole-process runs.")
+@_option("--porespy-max", default=512, show_default=True, type=click.IntRange(1),
+         help="The largest edge length PoreSpy runs on (it holds the volume and its maps whole).")
 @_option("--sim-size", default=128, show_default=True, type=click.IntRange(16),
          help="Edge length of each pore family's simulated volume.")
 @_option("--porespy-python", default=None, show_default="this Python, where PoreSpy is installed",
@@ -217,7 +219,7 @@ def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir):
          help="Where the volumes and the children's outputs go.")
 @_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
          help="Where analysis.md and analysis.json are written.")
-def bench_analysis(quick, sizes, sim_size, porespy_python, limit_minutes, workdir, outdir):
+def bench_analysis(quick, sizes, porespy_max, sim_size, porespy_python, limit_minutes, workdir, outdir):
     """ctpore analyze beside PoreSpy (local thickness), scikit-image (labelling, marching cubes) and the
     analytic truth; whole processes timed on simulated volumes. Writes OUTDIR/analysis.md and .json."""
     from ctpore.pipelines.bench.analysis import bench_analysis as run
@@ -230,7 +232,7 @@ def bench_analysis(quick, sizes, sim_size, porespy_python, limit_minutes, workdi
                                  param_hint="--sizes") from None
     with _Progress("bench analysis") as bar:
         res = run(sizes=edges, sim_size=32 if quick else sim_size, porespy_python=porespy_python, workdir=workdir,
-                  limit_s=60.0 * limit_minutes, progress=bar)
+                  limit_s=60.0 * limit_minutes, porespy_max=porespy_max, progress=bar)
     command = typed_command(click.get_current_context())
     if porespy_python:  # a path of this machine: the report names what it is instead
         command = command.replace(str(porespy_python), "PY")
