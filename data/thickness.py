@@ -38,7 +38,7 @@ from scipy import ndimage as ndi
 from ctpore.progress import ProgressFn
 
 __all__ = ["sampling_of", "distance_map", "thickness_radii", "largest_distance", "streamed_thickness",
-           "BYTES_PER_VOXEL", "distance_pass", "tiled_thickness", "plan_tiles"]
+           "BYTES_PER_VOXEL", "DiskArray", "distance_pass", "tiled_thickness", "plan_tiles"]
 
 #: Bytes per voxel of a window while its thickness is computed (the float32 distances, scipy's
 #: distance transform to the centres with its feature transform, masks, radii).
@@ -118,30 +118,74 @@ def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.
     return out
 
 
+class DiskArray:
+    """A ``(Z, Y, X)`` array in a raw file, read and written by windows (``a[z0:z1, y0:y1, x0:x1]``)
+    through a memory map opened for each access and closed after it, so that the pages it touched do
+    not stay in the process (a map held open would count the whole file as it is read)."""
+
+    def __init__(self, path, shape: tuple, dtype):
+        self.path, self.shape, self.dtype = str(path), tuple(int(n) for n in shape), np.dtype(dtype)
+        with open(self.path, "wb") as fh:
+            fh.truncate(int(np.prod(self.shape)) * self.dtype.itemsize)
+
+    def _map(self, mode: str):
+        return np.memmap(self.path, self.dtype, mode, shape=self.shape)
+
+    def __getitem__(self, key):
+        m = self._map("r")
+        try:
+            return np.array(m[key])
+        finally:
+            del m
+
+    def __setitem__(self, key, value) -> None:
+        m = self._map("r+")
+        try:
+            m[key] = value
+            m.flush()
+        finally:
+            del m
+
+
 def distance_pass(read: Callable, nz: int, slab: int, sampling: Sequence[float] = (1.0, 1.0, 1.0),
                   out: Optional[np.ndarray] = None, start_halo: int = 8, progress: ProgressFn = None,
                   budget_bytes: Optional[int] = None) -> float:
     """The exact distance map of a volume read as ``read(z0, z1)`` (pores of slices ``z0:z1``) into
-    ``out`` (a ``(Z, Y, X)`` float32 array or memory map; None: not kept); returns the largest
-    distance.
+    ``out`` (a ``(Z, Y, X)`` float32 array or :class:`DiskArray`; None: not kept); returns the
+    largest distance.
 
-    Slabs of ``slab`` slices are read with a halo; each is cut into in-plane tiles when
-    ``budget_bytes`` cannot hold its distance transform whole. A tile's distances are certain when
-    none is larger than its halo (a distance no larger than that cannot have been cut short); the
-    halo doubles until they are, or until the window reaches the volume's ends.
+    Slabs of ``slab`` slices are taken with a halo (the pores kept as bytes, read forward once: the
+    slices a slab shares with the next stay); each is cut into in-plane tiles when ``budget_bytes``
+    cannot hold its distance transform whole. A tile's distances are certain when none is larger
+    than its halo (a distance no larger than that cannot have been cut short); the halo doubles
+    until they are, or until the window reaches the volume's ends.
     """
     sampling = tuple(sampling)
     best, h = 0.0, max(1, int(start_halo))
+    buf, b0 = None, 0  # the pores of slices b0 .. b0 + len(buf), as bool
+
+    def window(w0, w1):
+        nonlocal buf, b0
+        if buf is None or w0 < b0:  # the first, or a halo grown back past what was kept
+            buf, b0 = None, w0
+        else:
+            buf, b0 = buf[w0 - b0:], w0
+        have = b0 + (0 if buf is None else len(buf))
+        parts = [] if buf is None else [buf]
+        for a in range(have, w1, 8):  # forward, a few slices at a time
+            parts.append(np.asarray(read(a, min(w1, a + 8)), bool))
+        buf = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return buf[w0 - b0:w1 - b0]
+
     for z0 in range(0, nz, slab):
         z1 = min(nz, z0 + slab)
         while True:
             halo = tuple(int(math.ceil(h / sv)) for sv in sampling)
             w0, w1 = max(0, z0 - halo[0]), min(nz, z1 + halo[0])
-            pores = np.asarray(read(w0, w1), bool)
+            pores = window(w0, w1)
             ny, nx = pores.shape[1:]
             ty, tx = _plane_tile(pores.shape, halo, budget_bytes)
-            core = np.zeros((z1 - z0, ny, nx), np.float32)
-            certain = True
+            top, certain = 0.0, True
             for y0 in range(0, ny, ty):
                 for x0 in range(0, nx, tx):
                     y1, x1 = min(ny, y0 + ty), min(nx, x0 + tx)
@@ -149,19 +193,20 @@ def distance_pass(read: Callable, nz: int, slab: int, sampling: Sequence[float] 
                     lx, hx = max(0, x0 - halo[2]), min(nx, x1 + halo[2])
                     d = distance_map(pores[:, ly:hy, lx:hx], sampling)
                     c = d[z0 - w0:z1 - w0, y0 - ly:y1 - ly, x0 - lx:x1 - lx]
+                    cmax = float(c.max()) if c.size else 0.0
                     whole = w0 == 0 and w1 == nz and ly == 0 and hy == ny and lx == 0 and hx == nx
-                    if c.size and not whole and float(c.max()) > h:
+                    if not whole and cmax > h:
                         certain = False
                         break
-                    core[:, y0:y1, x0:x1] = c
+                    top = max(top, cmax)
+                    if out is not None:
+                        out[z0:z1, y0:y1, x0:x1] = c
                 if not certain:
                     break
             if certain:
                 break
             h *= 2
-        best = max(best, float(core.max()) if core.size else 0.0)
-        if out is not None:
-            out[z0:z1] = core
+        best = max(best, top)
         if progress is not None:
             progress(z1, nz, "distance map")
     return best

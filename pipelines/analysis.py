@@ -31,7 +31,7 @@ import numpy as np
 from ctpore.data.minkowski import MinkowskiAccumulator
 from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
 from ctpore.data.slabs import StreamingTopology
-from ctpore.data.thickness import distance_pass, sampling_of, tiled_thickness
+from ctpore.data.thickness import DiskArray, distance_pass, sampling_of, tiled_thickness
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
@@ -152,8 +152,7 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
     # nameless files
     with tempfile.TemporaryDirectory(prefix=".ctpore-analysis-", dir=tmp_dir) as tmp:
         in_memory = 6 * nz * plane <= budget // 4
-        dist = (np.zeros(shape, np.float32) if in_memory
-                else np.lib.format.open_memmap(Path(tmp) / "distance.npy", "w+", np.float32, shape))
+        dist = np.zeros(shape, np.float32) if in_memory else DiskArray(Path(tmp) / "distance.raw", shape, np.float32)
         # slabs of the distance pass: the pores of a slab and its halo (1 byte a voxel) in a quarter of
         # the budget, their transform tiled in the rest
         dslab = max(1, min(nz, budget // (4 * plane) - 64))
@@ -162,8 +161,7 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
         psd = np.zeros(int(math.floor(rmax)) + 1 if np.isfinite(rmax) else 1, np.int64)
         tiles = "none"
         if mink.n_pore and np.isfinite(rmax):
-            radii = (np.zeros(shape, np.int16) if in_memory
-                     else np.lib.format.open_memmap(Path(tmp) / "radii.npy", "w+", np.int16, shape))
+            radii = np.zeros(shape, np.int16) if in_memory else DiskArray(Path(tmp) / "radii.raw", shape, np.int16)
             room = budget - (6 * nz * plane if in_memory else 0)
             tile = tiled_thickness(dist, radii, sampling, rmax, room, progress=progress)
             tiles = "x".join(map(str, tile))
