@@ -317,3 +317,21 @@ def test_reconstruct_with_analyze_puts_the_figures_in_the_metrics(tmp_path):
         assert m[key] == rec[key], key
     assert rec["porosity"] == m["porosity"] and rec["euler_number"] == m["euler_number"]
     assert rec["porosity_expected"] is not None  # the probability beside the pores was read
+
+
+def test_an_ome_zarr_pore_store_gives_an_ome_zarr_thickness_map(tmp_path):
+    pytest.importorskip("zarr", reason="OME-Zarr needs the formats extra (zarr)")
+    from ctpore.data.io import geometry_from_array, load_scan
+    from ctpore.data.io.omezarr_write import OmeZarrWriter
+    from ctpore.pipelines.analysis_run import analyze
+
+    pores = _blobs((20, 32, 32), 6)
+    with OmeZarrWriter(tmp_path / "c_pores.ome.zarr", geometry_from_array(pores.shape, (0.02, 0.01, 0.01)),
+                       np.uint8) as w:
+        w.write(pores)
+    rec = analyze(tmp_path / "c_pores.ome.zarr")
+    with load_scan(tmp_path / "c_thickness.ome.zarr") as scan:
+        thick = scan.read()
+    radii = thickness_radii(pores, (2.0, 1.0, 1.0))
+    assert np.array_equal(thick, (2.0 * radii * 0.01).astype(np.float32))
+    assert rec["thickness_d50_mm"] is not None and rec["spacing_mm_zyx"] == [0.02, 0.01, 0.01]
