@@ -40,9 +40,9 @@ from ctpore.progress import ProgressFn
 __all__ = ["sampling_of", "distance_map", "thickness_radii", "largest_distance", "streamed_thickness",
            "BYTES_PER_VOXEL", "DiskArray", "distance_pass", "tiled_thickness", "plan_tiles"]
 
-#: Bytes per voxel of a window while its thickness is computed (the float32 distances, scipy's
-#: distance transform to the centres with its feature transform, masks, radii).
-BYTES_PER_VOXEL = 32
+#: Bytes per voxel of a window while its thickness is computed (the float32 distances, the distance
+#: transform to the centres with its working arrays, masks, radii), as measured with a margin.
+BYTES_PER_VOXEL = 44
 
 #: Bytes per voxel of a window of the distance pass (scipy's transform with its feature transform,
 #: the float32 result, the pores).
@@ -93,11 +93,10 @@ def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.
     out = np.zeros(p.shape, np.int16)
     if not p.any():
         return out
-    finite = d[np.isfinite(d)]
-    top = int(math.floor(finite.max())) if finite.size else 0
-    if rmax is not None:
-        top = min(top, int(rmax))
-    if not np.isfinite(d).all():  # a pore space with no solid: one radius covers it all
+    dmax = float(d.max())
+    if np.isfinite(dmax):
+        top = int(math.floor(dmax)) if rmax is None else min(int(math.floor(dmax)), int(rmax))
+    else:  # a pore space with no solid: one radius covers it all
         top = int(rmax) if rmax is not None else max(p.shape)
     ok = d if centres is None else np.where(centres, d, 0.0)
     sampling = tuple(sampling)
@@ -166,16 +165,20 @@ def distance_pass(read: Callable, nz: int, slab: int, sampling: Sequence[float] 
 
     def window(w0, w1):
         nonlocal buf, b0
-        if buf is None or w0 < b0:  # the first, or a halo grown back past what was kept
-            buf, b0 = None, w0
+        keep = 0 if buf is None or w0 < b0 else min(w1 - w0, max(0, b0 + len(buf) - w0))  # kept from the last window
+        first = None if keep else np.asarray(read(w0, min(w1, w0 + 8)), bool)
+        plane = (buf if keep else first).shape[1:]
+        new = np.empty((w1 - w0,) + plane, bool)
+        if keep:
+            new[:keep] = buf[w0 - b0:]
         else:
-            buf, b0 = buf[w0 - b0:], w0
-        have = b0 + (0 if buf is None else len(buf))
-        parts = [] if buf is None else [buf]
-        for a in range(have, w1, 8):  # forward, a few slices at a time
-            parts.append(np.asarray(read(a, min(w1, a + 8)), bool))
-        buf = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return buf[w0 - b0:w1 - b0]
+            new[:len(first)] = first
+            keep = len(first)
+        buf = None  # the old window goes before the rest is read
+        for a in range(w0 + keep, w1, 8):  # forward, a few slices at a time
+            new[a - w0:min(w1, a + 8) - w0] = np.asarray(read(a, min(w1, a + 8)), bool)
+        buf, b0 = new, w0
+        return buf
 
     for z0 in range(0, nz, slab):
         z1 = min(nz, z0 + slab)

@@ -153,11 +153,11 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
     with tempfile.TemporaryDirectory(prefix=".ctpore-analysis-", dir=tmp_dir) as tmp:
         in_memory = 6 * nz * plane <= budget // 4
         dist = np.zeros(shape, np.float32) if in_memory else DiskArray(Path(tmp) / "distance.raw", shape, np.float32)
-        # slabs of the distance pass: the pores of a slab and its halo (1 byte a voxel) in a quarter of
+        # slabs of the distance pass: the pores of a slab and its halo (1 byte a voxel) in an eighth of
         # the budget, their transform tiled in the rest
-        dslab = max(1, min(nz, budget // (4 * plane) - 64))
+        dslab = max(1, min(nz, budget // (8 * plane) - 64))
         rmax = distance_pass(read, nz, dslab, sampling, dist, progress=progress,
-                             budget_bytes=budget - (6 * nz * plane if in_memory else 0) - budget // 4)
+                             budget_bytes=budget - (6 * nz * plane if in_memory else 0) - budget // 8)
         psd = np.zeros(int(math.floor(rmax)) + 1 if np.isfinite(rmax) else 1, np.int64)
         tiles = "none"
         if mink.n_pore and np.isfinite(rmax):
