@@ -118,32 +118,52 @@ def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.
 
 
 class DiskArray:
-    """A ``(Z, Y, X)`` array in a raw file, read and written by windows (``a[z0:z1, y0:y1, x0:x1]``)
-    through a memory map opened for each access and closed after it, so that the pages it touched do
-    not stay in the process (a map held open would count the whole file as it is read)."""
+    """A ``(Z, Y, X)`` array in a raw file, read and written by windows (``a[z0:z1, y0:y1, x0:x1]``,
+    steps of 1) one row at a time with ``pread``/``pwrite``: only the window is ever in the process
+    (a memory map would bring whole pages of the file in around every row it touches)."""
 
     def __init__(self, path, shape: tuple, dtype):
         self.path, self.shape, self.dtype = str(path), tuple(int(n) for n in shape), np.dtype(dtype)
         with open(self.path, "wb") as fh:
             fh.truncate(int(np.prod(self.shape)) * self.dtype.itemsize)
 
-    def _map(self, mode: str):
-        return np.memmap(self.path, self.dtype, mode, shape=self.shape)
+    def _box(self, key) -> tuple:
+        key = key if isinstance(key, tuple) else (key,)
+        key = tuple(slice(k, k + 1) if isinstance(k, (int, np.integer)) else k for k in key)
+        key = key + (slice(None),) * (3 - len(key))
+        box = tuple(range(*k.indices(n)) for k, n in zip(key, self.shape))
+        if any(r.step != 1 for r in box):
+            raise ValueError("DiskArray windows take steps of 1")
+        return box
 
-    def __getitem__(self, key):
-        m = self._map("r")
+    def _rows(self, box):
+        (zs, ys, xs), (_, ny, nx), item = box, self.shape, self.dtype.itemsize
+        for i, z in enumerate(zs):
+            for j, y in enumerate(ys):
+                yield i, j, ((z * ny + y) * nx + (xs.start if len(xs) else 0)) * item, len(xs) * item
+
+    def __getitem__(self, key) -> np.ndarray:
+        box = self._box(key)
+        out = np.empty(tuple(len(r) for r in box), self.dtype)
+        fd = os.open(self.path, os.O_RDONLY)
         try:
-            return np.array(m[key])
+            for i, j, offset, size in self._rows(box):
+                if size:
+                    out[i, j] = np.frombuffer(os.pread(fd, size, offset), self.dtype)
         finally:
-            del m
+            os.close(fd)
+        return out
 
     def __setitem__(self, key, value) -> None:
-        m = self._map("r+")
+        box = self._box(key)
+        v = np.broadcast_to(np.asarray(value, self.dtype), tuple(len(r) for r in box))
+        fd = os.open(self.path, os.O_WRONLY)
         try:
-            m[key] = value
-            m.flush()
+            for i, j, offset, size in self._rows(box):
+                if size:
+                    os.pwrite(fd, np.ascontiguousarray(v[i, j]).tobytes(), offset)
         finally:
-            del m
+            os.close(fd)
 
 
 def distance_pass(read: Callable, nz: int, slab: int, sampling: Sequence[float] = (1.0, 1.0, 1.0),

@@ -335,3 +335,15 @@ def test_an_ome_zarr_pore_store_gives_an_ome_zarr_thickness_map(tmp_path):
     radii = thickness_radii(pores, (2.0, 1.0, 1.0))
     assert np.array_equal(thick, (2.0 * radii * 0.01).astype(np.float32))
     assert rec["thickness_d50_mm"] is not None and rec["spacing_mm_zyx"] == [0.02, 0.01, 0.01]
+
+
+def test_a_disk_array_reads_and_writes_windows(tmp_path):
+    from ctpore.data.thickness import DiskArray
+
+    a = np.random.default_rng(0).random((7, 9, 11)).astype(np.float32)
+    d = DiskArray(tmp_path / "x.raw", a.shape, np.float32)
+    d[:] = a
+    d[2:5, 3:8, 1:10] = 2 * a[2:5, 3:8, 1:10]
+    a[2:5, 3:8, 1:10] *= 2
+    assert np.array_equal(d[:], a) and np.array_equal(d[1:6, 0:4, 5:11], a[1:6, 0:4, 5:11])
+    assert np.array_equal(d[3], a[3:4])
