@@ -118,14 +118,27 @@ def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.
 
 
 class DiskArray:
-    """A ``(Z, Y, X)`` array in a raw file, read and written by windows (``a[z0:z1, y0:y1, x0:x1]``,
-    steps of 1) one row at a time with ``pread``/``pwrite``: only the window is ever in the process
-    (a memory map would bring whole pages of the file in around every row it touches)."""
+    """A ``(Z, Y, X)`` array in a nameless file in ``folder`` (removed from the folder as it is made,
+    so that nothing is left behind even when the process is killed), read and written by windows
+    (``a[z0:z1, y0:y1, x0:x1]``, steps of 1) one row at a time with ``pread``/``pwrite``: only the
+    window is ever in the process (a memory map would bring whole pages of the file in around every
+    row it touches). :meth:`close` frees the disk space."""
 
-    def __init__(self, path, shape: tuple, dtype):
-        self.path, self.shape, self.dtype = str(path), tuple(int(n) for n in shape), np.dtype(dtype)
-        with open(self.path, "wb") as fh:
-            fh.truncate(int(np.prod(self.shape)) * self.dtype.itemsize)
+    def __init__(self, folder, shape: tuple, dtype):
+        import tempfile
+
+        self.shape, self.dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+        self.fd, name = tempfile.mkstemp(prefix=".ctpore-map-", suffix=".raw", dir=folder)
+        os.unlink(name)
+        os.ftruncate(self.fd, int(np.prod(self.shape)) * self.dtype.itemsize)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __del__(self):
+        self.close()
 
     def _box(self, key) -> tuple:
         key = key if isinstance(key, tuple) else (key,)
@@ -145,25 +158,17 @@ class DiskArray:
     def __getitem__(self, key) -> np.ndarray:
         box = self._box(key)
         out = np.empty(tuple(len(r) for r in box), self.dtype)
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            for i, j, offset, size in self._rows(box):
-                if size:
-                    out[i, j] = np.frombuffer(os.pread(fd, size, offset), self.dtype)
-        finally:
-            os.close(fd)
+        for i, j, offset, size in self._rows(box):
+            if size:
+                out[i, j] = np.frombuffer(os.pread(self.fd, size, offset), self.dtype)
         return out
 
     def __setitem__(self, key, value) -> None:
         box = self._box(key)
         v = np.broadcast_to(np.asarray(value, self.dtype), tuple(len(r) for r in box))
-        fd = os.open(self.path, os.O_WRONLY)
-        try:
-            for i, j, offset, size in self._rows(box):
-                if size:
-                    os.pwrite(fd, np.ascontiguousarray(v[i, j]).tobytes(), offset)
-        finally:
-            os.close(fd)
+        for i, j, offset, size in self._rows(box):
+            if size:
+                os.pwrite(self.fd, np.ascontiguousarray(v[i, j]).tobytes(), offset)
 
 
 def distance_pass(read: Callable, nz: int, slab: int, sampling: Sequence[float] = (1.0, 1.0, 1.0),

@@ -23,7 +23,6 @@ import math
 import os
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -149,32 +148,34 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
             progress(z1, nz, "connectivity")
     # passes 3 and 4: the exact distance map, then the local thickness from it tile by tile with a
     # halo of the largest radius; both maps in memory when a quarter of the budget holds them, else in
-    # nameless files
-    with tempfile.TemporaryDirectory(prefix=".ctpore-analysis-", dir=tmp_dir) as tmp:
-        in_memory = 6 * nz * plane <= budget // 4
-        dist = np.zeros(shape, np.float32) if in_memory else DiskArray(Path(tmp) / "distance.raw", shape, np.float32)
-        # slabs of the distance pass: the pores of a slab and its halo (1 byte a voxel) in an eighth of
-        # the budget, their transform tiled in the rest
-        dslab = max(1, min(nz, budget // (8 * plane) - 64))
-        rmax = distance_pass(read, nz, dslab, sampling, dist, progress=progress,
-                             budget_bytes=budget - (6 * nz * plane if in_memory else 0) - budget // 8)
-        psd = np.zeros(int(math.floor(rmax)) + 1 if np.isfinite(rmax) else 1, np.int64)
-        tiles = "none"
-        if mink.n_pore and np.isfinite(rmax):
-            radii = np.zeros(shape, np.int16) if in_memory else DiskArray(Path(tmp) / "radii.raw", shape, np.int16)
-            room = budget - (6 * nz * plane if in_memory else 0)
-            tile = tiled_thickness(dist, radii, sampling, rmax, room, progress=progress)
-            tiles = "x".join(map(str, tile))
-            for z0 in range(0, nz, slab):
-                r = np.asarray(radii[z0:z0 + slab])
-                psd += np.bincount(r.ravel(), minlength=len(psd))[:len(psd)]
-                if thickness_writer is not None:
-                    thickness_writer.write((2.0 * r * min(spacing)).astype(np.float32))
-            del radii
-        elif thickness_writer is not None:
-            for z0 in range(0, nz, slab):
-                thickness_writer.write(np.zeros((min(nz, z0 + slab) - z0,) + shape[1:], np.float32))
-        del dist
+    # nameless files (in tmp_dir, default the system's temporary folder)
+    tmp = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
+    in_memory = 6 * nz * plane <= budget // 4
+    dist = np.zeros(shape, np.float32) if in_memory else DiskArray(tmp, shape, np.float32)
+    # slabs of the distance pass: the pores of a slab and its halo (1 byte a voxel) in an eighth of
+    # the budget, their transform tiled in the rest
+    dslab = max(1, min(nz, budget // (8 * plane) - 64))
+    rmax = distance_pass(read, nz, dslab, sampling, dist, progress=progress,
+                         budget_bytes=budget - (6 * nz * plane if in_memory else 0) - budget // 8)
+    psd = np.zeros(int(math.floor(rmax)) + 1 if np.isfinite(rmax) else 1, np.int64)
+    tiles = "none"
+    if mink.n_pore and np.isfinite(rmax):
+        radii = np.zeros(shape, np.int16) if in_memory else DiskArray(tmp, shape, np.int16)
+        room = budget - (6 * nz * plane if in_memory else 0)
+        tile = tiled_thickness(dist, radii, sampling, rmax, room, progress=progress)
+        tiles = "x".join(map(str, tile))
+        for z0 in range(0, nz, slab):
+            r = np.asarray(radii[z0:z0 + slab])
+            psd += np.bincount(r.ravel(), minlength=len(psd))[:len(psd)]
+            if thickness_writer is not None:
+                thickness_writer.write((2.0 * r * min(spacing)).astype(np.float32))
+        if isinstance(radii, DiskArray):
+            radii.close()
+    elif thickness_writer is not None:
+        for z0 in range(0, nz, slab):
+            thickness_writer.write(np.zeros((min(nz, z0 + slab) - z0,) + shape[1:], np.float32))
+    if isinstance(dist, DiskArray):
+        dist.close()
     m, c = mink.measures(), conn.result()
     n_sample = m["sample_voxels"]
     voxel = float(np.prod(spacing))

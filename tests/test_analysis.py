@@ -235,7 +235,7 @@ def test_analyze_streamed_under_a_small_budget_equals_whole(tmp_path):
     for k in whole:
         if k not in ("seconds", "slab_slices", "thickness_tile"):
             assert small[k] == whole[k], k
-    assert list(tmp_path.iterdir()) == []  # the distance map's file is gone
+    assert list(tmp_path.iterdir()) == []  # the maps' files were nameless
     # the figures against their own whole-volume definitions
     inside = pores.astype(bool) & smp
     assert whole["porosity"] == inside.sum() / smp.sum()
@@ -341,9 +341,11 @@ def test_a_disk_array_reads_and_writes_windows(tmp_path):
     from ctpore.data.thickness import DiskArray
 
     a = np.random.default_rng(0).random((7, 9, 11)).astype(np.float32)
-    d = DiskArray(tmp_path / "x.raw", a.shape, np.float32)
+    d = DiskArray(tmp_path, a.shape, np.float32)
+    assert list(tmp_path.iterdir()) == []  # nameless from the start
     d[:] = a
     d[2:5, 3:8, 1:10] = 2 * a[2:5, 3:8, 1:10]
     a[2:5, 3:8, 1:10] *= 2
     assert np.array_equal(d[:], a) and np.array_equal(d[1:6, 0:4, 5:11], a[1:6, 0:4, 5:11])
     assert np.array_equal(d[3], a[3:4])
+    d.close()
