@@ -85,11 +85,16 @@ def direction_weights(normals: tuple) -> tuple:
     return tuple((np.bincount(nearest, minlength=len(u)) / len(pts)).tolist())
 
 
-def _weights_for(vectors: list, spacing: tuple) -> tuple:
-    """Weights of the 13 physical ``vectors``: the published ones for cubic voxels, else measured."""
+def _weights(spacing: tuple, normals: bool) -> dict:
+    """Weight of each of :data:`DIRECTIONS`: the published ones for cubic voxels, else measured on
+    the physical directions, the lines' (``d * s``) or, for the section planes of lattice normal
+    ``m``, their normals (``m / s``)."""
     if len(set(spacing)) == 1:
-        return tuple(2 * _CUBIC[sum(1 for c in d if c)] for d in DIRECTIONS)
-    return direction_weights(tuple(tuple(float(c) for c in v / np.linalg.norm(v)) for v in vectors))
+        return {d: 2 * _CUBIC[sum(1 for c in d if c)] for d in DIRECTIONS}
+    s = np.array(spacing, np.float64)
+    vecs = [np.array(d) / s if normals else np.array(d) * s for d in DIRECTIONS]
+    return dict(zip(DIRECTIONS, direction_weights(tuple(tuple(float(c) for c in v / np.linalg.norm(v))
+                                                        for v in vecs))))
 
 
 def _tile(code: int) -> np.ndarray:
@@ -99,29 +104,40 @@ def _tile(code: int) -> np.ndarray:
     return t
 
 
+def _flip(p: tuple, flips) -> tuple:
+    """The voxel of a tile reached from ``p`` by flipping the axes ``flips``."""
+    return tuple(1 - c if i in flips else c for i, c in enumerate(p))
+
+
+def _step(p: tuple, flips) -> np.ndarray:
+    """The lattice step from ``p`` to :func:`_flip` of it."""
+    return np.array([(1 - 2 * c) if i in flips else 0 for i, c in enumerate(p)])
+
+
+def _on_voxels(code: int):
+    """``(tile, p)`` for every voxel ``p`` of configuration ``code`` that is in the pores."""
+    t = _tile(code)
+    return ((t, p) for p in _OFFSETS if t[p])
+
+
 @functools.lru_cache(maxsize=None)
 def surface_lut(spacing: tuple = (1.0, 1.0, 1.0)) -> np.ndarray:
     """Surface area per configuration (256,), in the units of ``spacing`` (z, y, x) squared."""
     s = np.array(spacing, np.float64)
     vol = float(np.prod(s))
-    vecs = [np.array(d) * s for d in DIRECTIONS]
-    w = _weights_for(vecs, tuple(spacing))
+    w = _weights(tuple(spacing), normals=False)
     lut = np.zeros(256)
-    for code in range(1, 255):
-        t = _tile(code)
-        for p in _OFFSETS:
-            if not t[p]:
-                continue
+    for code in range(256):
+        for t, p in _on_voxels(code):
             for flips in _FLIP_SETS:  # the 7 other voxels of the tile: one per direction through p
-                if t[tuple(1 - c if i in flips else c for i, c in enumerate(p))]:
+                if t[_flip(p, flips)]:
                     continue
-                d = _canonical(tuple((1 - 2 * c) if i in flips else 0 for i, c in enumerate(p)))
-                k = DIRECTIONS.index(d)
+                d = _canonical(tuple(int(v) for v in _step(p, flips)))
                 # a crossing on a line of direction d (Crofton's 4 x the volume per line, half for
                 # each of the pair's two voxels), shared by the tiles that hold that pair of voxels:
                 # 4 for an axis, 2 for a face diagonal, 1 for a body diagonal
                 shared = 2 ** (3 - len(flips))
-                lut[code] += 4.0 * w[k] * (vol / np.linalg.norm(vecs[k])) / 2.0 / shared
+                lut[code] += 4.0 * w[d] * (vol / np.linalg.norm(np.array(d) * s)) / 2.0 / shared
     return lut
 
 
@@ -171,25 +187,17 @@ def breadth_lut(spacing: tuple = (1.0, 1.0, 1.0)) -> np.ndarray:
     """
     s = np.array(spacing, np.float64)
     vol = float(np.prod(s))
-    if len(set(spacing)) == 1:
-        w = [2 * _CUBIC[sum(1 for c in m if c)] for m in DIRECTIONS]
-    else:
-        w = list(direction_weights(tuple(tuple(float(c) for c in (np.array(m) / s) / np.linalg.norm(np.array(m) / s))
-                                         for m in DIRECTIONS)))
-    weight = dict(zip(DIRECTIONS, w))
+    weight = _weights(tuple(spacing), normals=True)
     d = [float(x) for x in s]
     lut = np.zeros(256)
-    for code in range(1, 255):
-        t = _tile(code)
-        for p in _OFFSETS:
-            if not t[p]:
-                continue
+    for code in range(256):
+        for t, p in _on_voxels(code):
 
             def at(*flips, t=t, p=p):
-                return bool(t[tuple(1 - c if i in flips else c for i, c in enumerate(p))])
+                return bool(t[_flip(p, flips)])
 
-            def step(*flips, p=p):  # the lattice step from p to the voxel flipped along ``flips``
-                return np.array([(1 - 2 * c) if i in flips else 0 for i, c in enumerate(p)])
+            def step(*flips, p=p):
+                return _step(p, flips)
 
             total = 0.0
             for i, j in ((1, 2), (0, 2), (0, 1)):

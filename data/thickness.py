@@ -9,11 +9,13 @@ that covers it. The thickness is ``2 r``. Distances are Euclidean, in units of t
 side (other sides scaled), and the volume's own border is not solid (as PoreSpy and
 ``scipy.ndimage.distance_transform_edt`` take it); outside the sample is solid.
 
-Streamed (:func:`streamed_thickness`), a slab's radii need the distances within ``R`` of it
-(``R`` the largest distance of the whole volume), which need the solid within ``2 R``: each slab is
-computed with that halo and only its own slices are kept, so the map equals the whole-volume one
-voxel for voxel. ``R`` is found by a first pass whose halo grows until every distance of the slab
-is certain (a distance no larger than the halo cannot have been cut short by it).
+Streamed, in two passes. :func:`distance_pass` makes the exact distance map slab by slab (in-plane
+tiles where the budget needs them), each window's halo doubled until every distance in it is certain
+(a distance no larger than the halo cannot have been cut short by it); its largest value is ``R``.
+:func:`tiled_thickness` then computes the radii tile by tile from that map with a halo of ``R``: the
+centres that can reach a tile lie within ``R`` of it and their distances are already exact, so the
+map equals the whole-volume one voxel for voxel. The maps of a large volume wait in a
+:class:`DiskArray`.
 
 Examples
 --------
@@ -41,7 +43,8 @@ __all__ = ["sampling_of", "distance_map", "thickness_radii", "largest_distance",
            "BYTES_PER_VOXEL", "DiskArray", "distance_pass", "tiled_thickness", "plan_tiles"]
 
 #: Bytes per voxel of a window while its thickness is computed (the float32 distances, the distance
-#: transform to the centres with its working arrays, masks, radii), as measured with a margin.
+#: transform to the centres with its working arrays, masks, radii): about 20 measured with ``edt``
+#: (more with scipy's transform, which makes a feature transform too), with a margin.
 BYTES_PER_VOXEL = 44
 
 #: Bytes per voxel of a window of the distance pass (scipy's transform with its feature transform,
@@ -330,10 +333,3 @@ def streamed_thickness(read: Callable, nz: int, slab: int, sampling: Sequence[fl
                     budget_bytes=BYTES_PER_VOXEL * (slab + 2 * hz) * dist.shape[1] * dist.shape[2])
     for z0 in range(0, nz, slab):
         yield z0, min(nz, z0 + slab), radii[z0:z0 + slab]
-
-
-def window_slices(budget_bytes: int, plane_voxels: int, reach: int) -> int:
-    """Slices per slab of the distance pass: a slab and two halos of ``reach`` slices in ``budget_bytes``
-    (at least 1)."""
-    per_slice = BYTES_PER_VOXEL * max(1, plane_voxels)
-    return max(1, int(budget_bytes // per_slice) - 2 * reach)

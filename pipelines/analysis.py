@@ -11,10 +11,13 @@ within the sample:
   pore-size distribution and its d10, d50, d90 and mean;
 - the expected porosity, the mean calibrated probability within the sample (with ``prob``).
 
-Passes over the volume, each slab by slab: (1) the sample's planes, the configuration histogram,
-the Euler number and the expected porosity; (2) the components and their faces; (3) the largest
-distance to the solid; (4) the thickness, each slab with its halo. Every figure equals the
-whole-volume computation's; memory follows the slab (``memory_gb``).
+Passes over the volume: (1) slab by slab, the sample's planes, the configuration histogram, the
+Euler number and the expected porosity; (2) slab by slab, the components and the faces they touch
+(the faces follow from pass 1's planes); (3) the exact distance map (:func:`~ctpore.data.thickness.distance_pass`);
+(4) the thickness from it, tile by tile with a halo of the largest radius
+(:func:`~ctpore.data.thickness.tiled_thickness`); the two maps are held in memory, or in nameless
+files when a quarter of the budget cannot hold them. Every figure equals the whole-volume
+computation's; memory follows ``memory_gb``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ctpore.data.thickness import DiskArray, distance_pass, sampling_of, tiled_t
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
-__all__ = ["analyze_volume", "thickness_summary", "analysis_budget"]
+__all__ = ["analyze_volume", "thickness_summary", "analysis_budget", "SlabsInMemory"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -60,6 +63,20 @@ def analysis_budget(shape: tuple, memory_gb: Optional[float]) -> int:
         raise InputError(f"--memory-gb {memory_gb:g} leaves no room for one slice of {shape[1]} x {shape[2]} voxels "
                          "beside the process itself; give more")
     return budget
+
+
+class SlabsInMemory:
+    """A ``thickness_writer`` that keeps the slabs (for the API, napari and the bench); :meth:`volume`
+    joins them."""
+
+    def __init__(self):
+        self.slabs: list = []
+
+    def write(self, slab) -> None:
+        self.slabs.append(np.asarray(slab))
+
+    def volume(self) -> np.ndarray:
+        return np.concatenate(self.slabs)
 
 
 def _binary(slab: np.ndarray, what: str, z0: int) -> np.ndarray:
@@ -110,14 +127,13 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
     spacing = tuple(float(s) for s in geometry.spacing_mm) if known else (1.0, 1.0, 1.0)
     sampling = sampling_of(spacing)
 
-    def read(z0, z1):
+    def read_both(z0, z1):  # the pores within the sample, and the sample (None: every voxel)
         p = _binary(pores[z0:z1], "pore", z0)
-        if sample is not None:
-            p = p & _binary(sample[z0:z1], "sample", z0)
-        return p
+        s = None if sample is None else _binary(sample[z0:z1], "sample", z0)
+        return (p if s is None else p & s), s
 
-    def read_sample(z0, z1):
-        return None if sample is None else _binary(sample[z0:z1], "sample", z0)
+    def read(z0, z1):
+        return read_both(z0, z1)[0]
 
     # pass 1: the sample's planes, the configuration histogram, the Euler number, the expectation
     mink, topo = MinkowskiAccumulator(spacing), StreamingTopology(components=False)
@@ -125,7 +141,7 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
     expected = 0.0
     for z0 in range(0, nz, slab):
         z1 = min(nz, z0 + slab)
-        p, s = read(z0, z1), read_sample(z0, z1)
+        p, s = read_both(z0, z1)
         mink.add(p, s)
         topo.add(p)
         if counts is not None:
@@ -143,7 +159,7 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
     conn = PoreConnectivity(shape, faces)
     for z0 in range(0, nz, slab):
         z1 = min(nz, z0 + slab)
-        conn.add(read(z0, z1), read_sample(z0, z1))
+        conn.add(*read_both(z0, z1))
         if progress is not None:
             progress(z1, nz, "connectivity")
     # passes 3 and 4: the exact distance map, then the local thickness from it tile by tile with a

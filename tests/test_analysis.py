@@ -4,7 +4,6 @@ equal to whole, under a memory budget smaller than the volume."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 
@@ -16,6 +15,7 @@ from skimage.measure import label as sk_label
 
 from ctpore.data.minkowski import MinkowskiAccumulator, breadth_lut, minkowski_measures, surface_lut, tile_histogram
 from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
+from ctpore.pipelines.bench.analysis import plane_area_in_box
 from ctpore.data.thickness import distance_map, largest_distance, streamed_thickness, thickness_radii
 
 
@@ -59,29 +59,6 @@ def test_a_cylinder_through_the_volume_counts_only_its_side():
     assert minkowski_measures(cyl)["surface_area"] == pytest.approx(2 * math.pi * r * (n - 1), rel=0.03)
 
 
-def _plane_area_in_box(normal, c, size):
-    """Area of the plane normal . p = c inside the box [0, size-1]^3 (a convex polygon)."""
-    pts = []
-    for a in range(3):
-        for u, v in itertools.product((0, size - 1), repeat=2):
-            o = [i for i in range(3) if i != a]
-            if abs(normal[a]) < 1e-12:
-                continue
-            p = np.zeros(3)
-            p[o[0]], p[o[1]] = u, v
-            p[a] = (c - normal[o[0]] * u - normal[o[1]] * v) / normal[a]
-            if 0 <= p[a] <= size - 1:
-                pts.append(p)
-    pts = np.array(pts)
-    centre = pts.mean(axis=0)
-    e1 = pts[0] - centre
-    e1 /= np.linalg.norm(e1)
-    e2 = np.cross(normal, e1)
-    ang = np.arctan2((pts - centre) @ e2, (pts - centre) @ e1)
-    q = pts[np.argsort(ang)]
-    return 0.5 * np.linalg.norm(sum(np.cross(q[i], q[(i + 1) % len(q)]) for i in range(len(q))))
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_planes_at_random_orientations_are_within_3_percent(seed):
     rng = np.random.default_rng(1000 + seed)
@@ -91,7 +68,7 @@ def test_planes_at_random_orientations_are_within_3_percent(seed):
     c = float(normal @ np.full(3, (size - 1) / 2)) + rng.uniform(-3, 3)
     idx = np.indices((size, size, size)).reshape(3, -1).T
     half = (idx @ normal < c).reshape(size, size, size).astype(np.uint8)
-    area = _plane_area_in_box(normal, c, size)
+    area = plane_area_in_box(normal, c, size)
     assert minkowski_measures(half)["surface_area"] == pytest.approx(area, rel=0.03)
 
 
@@ -109,9 +86,11 @@ def test_streamed_minkowski_equals_whole_with_a_sample():
     assert int(tile_histogram(vol, smp).sum()) == int(inside[:-1, :-1, :-1].sum())
 
 
-def test_the_luts_see_no_measure_in_empty_or_full_tiles():
-    for lut in (surface_lut((1.0, 1.0, 1.0)), breadth_lut((1.0, 1.0, 1.0)), breadth_lut((2.0, 1.0, 1.0))):
-        assert lut[0] == 0 and abs(lut[255]) < 1e-12
+def test_the_luts_see_no_measure_in_full_tiles_and_the_same_surface_from_either_phase():
+    for sp in ((1.0, 1.0, 1.0), (2.0, 1.0, 1.0)):
+        s, b = surface_lut(sp), breadth_lut(sp)
+        assert abs(s[255]) < 1e-12 and abs(b[255]) < 1e-12  # every section's shares of a full tile add to 0
+        assert np.allclose(s, s[::-1])  # a tile's pore-solid interface is the solid-pore one (code 255 - c)
 
 
 # -- connectivity -------------------------------------------------------------------------------------

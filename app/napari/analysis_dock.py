@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 from napari.qt.threading import thread_worker
 from qtpy.QtCore import Qt
-from qtpy.QtWidgets import QComboBox, QFormLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from qtpy.QtWidgets import QComboBox, QFormLayout, QLabel, QProgressBar, QPushButton, QWidget
 
-from ctpore.app.napari.controls import WorkerDock, fit_picture, one_line, scrolled, show_text
+from ctpore.app.napari.controls import WorkerDock, fit_picture, one_line, show_text
 from ctpore.app.napari.layers import ROLE, sample_mask_choices
 from ctpore.app.napari.measure import analyze_layer, figures_text, pores_choices
 
@@ -39,17 +39,7 @@ class AnalyzeWidget(WorkerDock, QWidget):
         form = QFormLayout()
         form.addRow("pores", self.pores_choice)
         form.addRow("sample", self.sample_choice)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.run_button)
-        buttons.addWidget(self.cancel_button)
-        box = QVBoxLayout(self)
-        box.addLayout(form)
-        box.addLayout(buttons)
-        box.addWidget(self.progress)
-        box.addWidget(self.picture)
-        box.addWidget(scrolled(self.status), stretch=1)
-        self.run_button.clicked.connect(self.run)
-        self.cancel_button.clicked.connect(self.cancel)
+        self.lay_out(form, below=(self.picture,))
         for event in (napari_viewer.layers.events.inserted, napari_viewer.layers.events.removed):
             event.connect(self.refresh)
         self.pores_choice.currentTextChanged.connect(self.refresh_sample)

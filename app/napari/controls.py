@@ -167,8 +167,25 @@ def fit_picture(label: QLabel, rgb: np.ndarray, width: int) -> None:
 
 class WorkerDock:
     """What a dock that runs one job at a time in a napari ``thread_worker`` shares: it has
-    ``run_button``, ``cancel_button``, ``progress``, ``status`` and a ``_done(outcome)``; :meth:`start`
-    runs a worker with the buttons and a busy bar, and they come back when it ends."""
+    ``run_button``, ``cancel_button``, ``progress``, ``status``, ``run``, ``cancel`` and a
+    ``_done(outcome)``; :meth:`lay_out` places them, :meth:`start` runs a worker with the buttons and
+    a busy bar, and they come back when it ends."""
+
+    def lay_out(self, form, *more_buttons, below=()) -> None:
+        """The dock's layout: ``form``, a row of Run, Cancel and ``more_buttons``, the progress bar, the
+        widgets ``below``, the status (scrolled); Run and Cancel connected."""
+        buttons = QHBoxLayout()
+        for b in (self.run_button, self.cancel_button, *more_buttons):
+            buttons.addWidget(b)
+        box = QVBoxLayout(self)
+        box.addLayout(form)
+        box.addLayout(buttons)
+        box.addWidget(self.progress)
+        for w in below:
+            box.addWidget(w)
+        box.addWidget(scrolled(self.status), stretch=1)
+        self.run_button.clicked.connect(self.run)
+        self.cancel_button.clicked.connect(self.cancel)
 
     def start(self, worker, text: str) -> None:
         """Run ``worker`` (its result goes to ``_done``), saying ``text`` meanwhile."""

@@ -12,9 +12,9 @@ from pathlib import Path
 from napari.qt.threading import thread_worker
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (QComboBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton,
-                            QSpinBox, QVBoxLayout, QWidget)
+                            QSpinBox, QWidget)
 
-from ctpore.app.napari.controls import LayerChoice, WeightsField, WorkerDock, one_line, scrolled, show_text
+from ctpore.app.napari.controls import LayerChoice, WeightsField, WorkerDock, one_line, show_text
 from ctpore.app.napari.layers import ROLE, Cancelled, reconstruct_layers
 from ctpore.app.napari.tuning import LABELS_ROLE, label_next, labels_layer, tune_on_layers
 
@@ -56,17 +56,8 @@ class FineTuneWidget(WorkerDock, QWidget):
         form.addRow("start from", self.weights)
         form.addRow("steps (at most)", self.steps)
         form.addRow("save tuned weights to", self.out)
-        buttons = QHBoxLayout()
-        for b in (self.run_button, self.cancel_button, self.next_button):
-            buttons.addWidget(b)
-        box = QVBoxLayout(self)
-        box.addLayout(form)
-        box.addLayout(buttons)
-        box.addWidget(self.progress)
-        box.addWidget(scrolled(self.status), stretch=1)
+        self.lay_out(form, self.next_button)
         self.new_labels.clicked.connect(self.add_labels)
-        self.run_button.clicked.connect(self.run)
-        self.cancel_button.clicked.connect(self.cancel)
         self.next_button.clicked.connect(self.mark_next)
         for event in (napari_viewer.layers.events.inserted, napari_viewer.layers.events.removed):
             event.connect(self.refresh_labels)

@@ -26,21 +26,13 @@ def pores_choices(layers) -> list[str]:
     return [name for _, name in sorted(out)]
 
 
-class _Collect:
-    def __init__(self):
-        self.slabs: list = []
-
-    def write(self, slab):
-        self.slabs.append(np.asarray(slab))
-
-
 def analyze_layer(pores, scale, sample: Optional[np.ndarray] = None, units_known: bool = True,
                   memory_gb: Optional[float] = None, progress=None) -> dict:
     """``ctpore analyze``'s figures of ``pores`` (a labels layer's data, 0/1) with voxel size ``scale``
     (mm, z y x) within ``sample``; adds ``thickness`` (the map, float32 diameters) and ``psd_rgb``
     (the plot)."""
     from ctpore.data.io.geometry import geometry_from_array
-    from ctpore.pipelines.analysis import analyze_volume
+    from ctpore.pipelines.analysis import SlabsInMemory, analyze_volume
     from ctpore.pipelines.analysis_outputs import psd_image
 
     p = np.asarray(pores)
@@ -49,11 +41,11 @@ def analyze_layer(pores, scale, sample: Optional[np.ndarray] = None, units_known
 
         raise InputError(f"the pores layer is {p.ndim}D; analyze takes a 3D (Z, Y, X) pores layer")
     geom = geometry_from_array(p.shape, tuple(float(s) for s in scale[-3:]) if units_known else None)
-    sink = _Collect()
+    sink = SlabsInMemory()
     res = analyze_volume((p > 0).astype(np.uint8), geom, sample=None if sample is None else np.asarray(sample) > 0,
                          memory_gb=memory_gb, thickness_writer=sink, progress=progress)
     unit_name = "mm" if res["units_known"] else "voxel"
-    res["thickness"] = np.concatenate(sink.slabs) if sink.slabs else np.zeros(p.shape, np.float32)
+    res["thickness"] = sink.volume()
     res["psd_rgb"] = np.asarray(psd_image(res["psd_counts"], res["unit"] or 1.0, unit_name, res).convert("RGB"))
     res["unit_name"] = unit_name
     return res

@@ -69,16 +69,7 @@ class ReconstructWidget(WorkerDock, QWidget):
         form.addRow("method", self.method)
         form.addRow("weights", self.weights)
         form.addRow("device", self.device)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.run_button)
-        buttons.addWidget(self.cancel_button)
-        box = QVBoxLayout(self)
-        box.addLayout(form)
-        box.addLayout(buttons)
-        box.addWidget(self.progress)
-        box.addWidget(scrolled(self.status), stretch=1)
-        self.run_button.clicked.connect(self.run)
-        self.cancel_button.clicked.connect(self.cancel)
+        self.lay_out(form)
         self.worker = None
         self._stop = False
         self.metrics: dict | None = None

@@ -30,7 +30,7 @@ import numpy as np
 from ctpore.data.splits import FURTHER_SEED_BASE
 from ctpore.progress import ProgressFn
 
-__all__ = ["ANALYSIS_SEED_BASE", "bench_analysis", "write_analysis_report", "quantiles_match"]
+__all__ = ["ANALYSIS_SEED_BASE", "bench_analysis", "write_analysis_report", "quantiles_match", "plane_area_in_box"]
 
 #: Seeds of the simulated volumes (the further held-out block, apart from the sample and adapt benches').
 ANALYSIS_SEED_BASE = FURTHER_SEED_BASE + 800_000
@@ -132,11 +132,11 @@ def _pore_sizes(radii: np.ndarray, unit: float) -> dict:
 
 def _case(name: str, pores: np.ndarray, spacing: tuple, porespy: Optional[str], workdir: Path) -> dict:
     from ctpore.data.io.geometry import geometry_from_array
-    from ctpore.data.thickness import sampling_of, thickness_radii
-    from ctpore.pipelines.analysis import analyze_volume
+    from ctpore.pipelines.analysis import SlabsInMemory, analyze_volume
 
     geom = geometry_from_array(pores.shape, spacing)
-    got = analyze_volume(pores, geom)
+    thickness = SlabsInMemory()
+    got = analyze_volume(pores, geom, thickness_writer=thickness)
     unit = min(spacing)
     if name == "leopard":  # the report's picture: the real sandstone's pore-size distribution
         from ctpore.pipelines.analysis_outputs import write_psd_png
@@ -158,11 +158,11 @@ def _case(name: str, pores: np.ndarray, spacing: tuple, porespy: Optional[str], 
         run = _child([porespy, "-c", _PORESPY_CHILD, str(src), str(dst)], timeout=3600)
         if run["rc"] == 0:
             ps_radii = np.load(dst)
-            mine = thickness_radii(pores, sampling_of(spacing))
             ps = _pore_sizes(ps_radii, unit)
             row["porespy"] = {**{f"thickness_{k}": v for k, v in ps.items()},
                               "version": json.loads(run["out"])["version"]}
-            row["maps_equal_voxels"] = float(np.mean(mine == ps_radii))
+            # the map analyze wrote (diameters, 2 r unit) against PoreSpy's radii in the same units
+            row["maps_equal_voxels"] = float(np.mean(thickness.volume() == (2.0 * ps_radii * unit).astype(np.float32)))
             row["quantiles_match"] = all(quantiles_match(got[f"thickness_{q}"], ps[q], 2 * unit)
                                          for q in ("d10", "d50", "d90"))
         else:
@@ -199,7 +199,7 @@ def _surface_cases(seed: int = 0) -> list:
         half = (idx @ normal < c).reshape(size, size, size).astype(np.uint8)
         # the tiles' region [0, size-1]^3: the plane's area in it (a convex polygon)
         rows.append({"shape": f"plane {k + 1} (normal {', '.join(f'{v:+.2f}' for v in normal)})",
-                     "analytic": _plane_area(normal, c, size), "ctpore": minkowski_measures(half)["surface_area"],
+                     "analytic": plane_area_in_box(normal, c, size), "ctpore": minkowski_measures(half)["surface_area"],
                      "marching_cubes": None})
     for r in rows:
         r["ctpore_error"] = r["ctpore"] / r["analytic"] - 1
@@ -207,7 +207,9 @@ def _surface_cases(seed: int = 0) -> list:
     return rows
 
 
-def _plane_area(normal: np.ndarray, c: float, size: int) -> float:
+def plane_area_in_box(normal: np.ndarray, c: float, size: int) -> float:
+    """The area of the plane ``normal . p = c`` inside the box ``[0, size - 1]^3`` (the region of a
+    ``size^3`` volume's tiles): a convex polygon, from its corners on the box's edges."""
     import itertools
 
     pts = []
