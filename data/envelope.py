@@ -17,7 +17,8 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    explains the sector profiles far better than the core alone. The wall and what lies within it
    up to the sample (an air gap) are outside; the sample's surface is then found inside the wall,
    sector by sector, with the wall's blurred slab taken off the profiles (the first rise from the
-   air of the gap, or the wall's inner surface where the sample touches it).
+   air of the gap; where the sample touches the wall, the wall's inner surface, or further out where
+   the grey values cross from the sample's level to a wall's of a clearly different grey).
 3. The fit's spread (the robust standard deviation of the surface points about the cylinder, in
    voxels) says how well a cylinder describes the sample; a block or a prism fits badly, and its
    outline is taken instead (:class:`~ctpore.data.outline.Outline`: slab by slab, the convex hull of
@@ -257,6 +258,12 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         if sample is None:
             env.notes.append("a wall was found but not the sample inside it")
             sample, res = start, np.zeros(0)
+        else:  # the wall begins where the sample ends, where it touches the wall
+            cy, cx = sample.centre_at(z_ref)
+            wy, wx = fitted.centre_at(z_ref)
+            reach = sample.radius_mm + math.hypot(cy - wy, cx - wx)
+            if reach > wall["r_in"]:
+                wall = {**wall, "r_in": reach, "thickness_mm": wall["r_out"] - reach}
         env.cylinder, env.wall, env.points, env.sectors = sample, wall, int(len(res)), n_sectors
     mad = 1.4826 * float(np.median(np.abs(res - np.median(res)))) if res.size else float("nan")
     env.spread_vox = mad / px

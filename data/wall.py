@@ -16,7 +16,13 @@ import numpy as np
 
 from ctpore.data.profiles import BIN, Cylinder, SectorProfiles
 
-__all__ = ["blurred_step", "fit_wall", "inner_points"]
+__all__ = ["TOUCH_CONTRAST", "TOUCH_REACH", "blurred_step", "fit_wall", "inner_points"]
+
+#: A sample touching its wall ends where the grey values cross from its level to the wall's, when the
+#: two differ by at least this share of the sample's level above the air's ...
+TOUCH_CONTRAST = 0.25
+#: ... within this many voxels outside the wall's fitted inner surface.
+TOUCH_REACH = 4.0
 
 
 def blurred_step(r, level, edge, sigma):
@@ -127,12 +133,40 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
             "level": w_m * scat[0] + air, "blur_mm": sig, "fit_gain": rss1 / max(rss2, 1e-12)}
 
 
+def _touching_edge(raw, ok, radii, t_in, r_out, wall_level, air, step):
+    """Where a sample that touches its wall ends, along one sector's profile ``raw``. The wall's
+    inner surface ``t_in`` is where the wall's fit put it, and a wall fitted as one blurred slab
+    beside the sample can take a voxel or two of the sample into it. Where the wall's level differs
+    from the sample's own (the profile 4 to 10 voxels inside ``t_in``) by at least
+    :data:`TOUCH_CONTRAST` of that level above the air's, the edge is where the profile crosses
+    halfway between the two, looked for from ``t_in`` outwards, up to :data:`TOUCH_REACH` voxels
+    (and 1.5 voxels short of the wall's outer surface); else it is ``t_in``. Only outwards: the slab
+    errs by taking the sample's edge, and a crossing a little inside ``t_in`` is the blur's and the
+    pores' as much as the edge's."""
+    px = step / BIN
+    deep = ok & (radii > t_in - 10 * px) & (radii < t_in - 4 * px)
+    if deep.sum() < 3:
+        return t_in
+    level = float(np.median(raw[deep]))
+    if not abs(level - wall_level) >= TOUCH_CONTRAST * (level - air):
+        return t_in
+    mid = 0.5 * (level + wall_level)
+    sign = 1.0 if wall_level < level else -1.0  # the profile falls (rises) into the wall
+    lo = max(int(t_in / step), 1)
+    hi = min(int(min(t_in + TOUCH_REACH * px, r_out - 1.5 * px) / step), len(raw) - 1)
+    for b in range(lo, hi + 1):
+        if ok[b - 1] and ok[b] and sign * (raw[b - 1] - mid) >= 0 > sign * (raw[b] - mid):
+            return float(radii[b - 1] + step * (raw[b - 1] - mid) / (raw[b - 1] - raw[b]))
+    return t_in
+
+
 def inner_points(prof, c: Cylinder, wall: dict, air: float, material: float):
     """The sample's surface inside a wall, in sector profiles about ``c``'s centre: each sector's
     ray meets the wall's inner surface at ``t_in``; the wall's blurred step (its level less the air's,
     spread by ``sigma``) is taken off the profile, so that what is left inside ``t_in`` is air in a
     gap and the sample's own rise; the surface is where that first reaches halfway between the air
-    and the sample's material, going inwards (at ``t_in`` where the sample touches the wall)."""
+    and the sample's material, going inwards; where the sample touches the wall, at ``t_in`` or
+    where the grey values cross to the wall's level (:func:`_touching_edge`)."""
     from scipy.special import ndtr
 
     outer = wall["outer"]
@@ -160,7 +194,7 @@ def inner_points(prof, c: Cylinder, wall: dict, air: float, material: float):
             continue
         r = None
         if ok[b] and m[b] >= half:
-            r = t_in  # the sample touches the wall here
+            r = _touching_edge(prof.mean[k], ok, radii, t_in, r_out, wall["level"], air, step)  # it touches the wall
         else:
             while b > 0:
                 if ok[b - 1] and ok[b] and m[b - 1] >= half > m[b]:

@@ -32,6 +32,11 @@ SAMPLE_MODES = ("auto", "all")
 #: Slices read at a time when the outside is marked.
 _SLAB = 16
 
+#: How far (voxels, within the slice) a user's mask may lie inside the found sample's air surface and
+#: still have that surface across its own outside.
+_NEAR = 2
+
+
 
 class _Outside:
     """The outside as bool ``(Z, Y, X)`` (True outside), sliced along Z, over the outside's codes
@@ -161,15 +166,21 @@ def check_margin(margin) -> int:
 
 
 def _mark_air(volume, geometry: Geometry, store) -> None:
-    """In a user's mask, a slice whose outside is air (its band two and three voxels out from the
-    sample darker, on the median, than a quarter of the way from the air's level to the material's)
-    gets code 1 there: across it lies the sample's surface, whose partial-volume rim is not pore.
-    Where the mask cuts through material (a region of interest inside the rock) the outside stays
-    code 2 and the pores it cuts stay whole."""
-    lv = find_sample(volume, geometry.spacing_mm).envelope.levels
-    if "air" not in lv or "material" not in lv:
+    """Give a user's mask the sample's surface where it has one (code 1): there its partial-volume
+    rim is not pore. Where the sample is found by its shape (:func:`~ctpore.data.sample.find_sample`),
+    the mask's outside within :data:`_NEAR` voxels of what the found sample has across its air
+    surface is across it too, whatever the mask's own boundary: a gap of air a voxel or two wide
+    between a core and its tube is seen by the fit, not by the grey values next to the mask. Else a
+    slice whose band two and three voxels out from the mask is darker, on the median, than a
+    quarter of the way from the air's level to the material's is across air all round. Where the
+    mask cuts through material (a region of interest inside the rock) the outside stays code 2 and
+    the pores it cuts stay whole."""
+    fit = find_sample(volume, geometry.spacing_mm)
+    lv = fit.envelope.levels
+    shaped = fit.has_outside and fit.kind in ("cylinder", "outline")
+    if not shaped and ("air" not in lv or "material" not in lv):
         return
-    rise = lv["air"] + 0.25 * (lv["material"] - lv["air"])
+    rise = lv.get("air", 0.0) + 0.25 * (lv.get("material", 0.0) - lv.get("air", 0.0))
     cross = ndi.generate_binary_structure(2, 1)
     for z0 in range(0, store.shape[0], _SLAB):
         z1 = min(store.shape[0], z0 + _SLAB)
@@ -177,6 +188,14 @@ def _mark_air(volume, geometry: Geometry, store) -> None:
         if not codes.any():
             continue
         raw = np.asarray(volume[z0:z1], np.float32)
+        if shaped:
+            across = fit.outside(raw, z0)[0] == SURFACE
+            for i in range(z1 - z0):
+                if across[i].any():
+                    near = ndi.binary_dilation(across[i], cross, iterations=_NEAR)
+                    codes[i][(codes[i] == BEYOND) & near] = SURFACE
+            store[z0:z1] = codes
+            continue
         for i in range(z1 - z0):
             sample = codes[i] == 0
             if not sample.any() or sample.all():
