@@ -64,25 +64,34 @@ class SampleMask:
         wrong).
     fit : SampleFit or None
         What was found (``auto``).
+    level : float or None
+        The grey level of the sample's solid material (the fit's), which the outside is filled with
+        for the methods (:meth:`fill`); None where the scan shows no air and material apart.
     """
 
-    def __init__(self, codes, info: dict, handle=None, fit=None):
+    def __init__(self, codes, info: dict, handle=None, fit=None, level: Optional[float] = None):
         self.codes = codes  # uint8 (Z, Y, X): 0 sample, 1 outside across its surface, 2 outside across none
         self.outside = _Outside(codes) if codes is not None else None
         self.info, self._handle, self.fit = info, handle, fit
         self._nearest = None  # the last slice's outside and its nearest sample pixels
+        self.level = level
 
     def inside(self, a: int, b: int) -> Optional[np.ndarray]:
         """Bool ``(n, Y, X)`` of slices ``a:b``, True in the sample (None: all of it)."""
         return None if self.outside is None else ~np.asarray(self.outside[a:b])
 
     def fill(self, a: int, b: int, block: np.ndarray) -> np.ndarray:
-        """Slices ``a:b`` of the scan with each outside pixel given the grey value of the nearest
-        sample pixel of its slice: what a method sees around the sample is the sample's own edge
-        carried outwards (as the replicate padding at a scan's border), neither a dark outside that
-        looks like pore nor a bright one that makes the sample look darker."""
+        """Slices ``a:b`` of the scan with the outside filled for the methods: with :attr:`level`,
+        the grey level of the sample's solid material, where it is known (what the methods see
+        around the sample is solid, as every figure counts the outside); else each outside pixel
+        gets the grey value of the nearest sample pixel of its slice (the sample's edge carried
+        outwards). Neither way is the outside a dark region that looks like pore, nor does it move
+        with the sample's boundary by more than the voxels the boundary moves."""
         block = np.array(block, np.float32)
         out = np.asarray(self.outside[a:b])
+        if self.level is not None:
+            block[out] = self.level
+            return block
         for i in range(block.shape[0]):
             if out[i].any() and not out[i].all():
                 if self._nearest is None or not np.array_equal(self._nearest[0], out[i]):  # (a core's slices
@@ -165,7 +174,16 @@ def check_margin(margin) -> int:
     return int(margin)
 
 
-def _mark_air(volume, geometry: Geometry, store) -> None:
+def _solid_level(fit) -> Optional[float]:
+    """The grey level of the sample's solid material from a fit, where air and material stand apart
+    (by more than 1.5 times the noise); else None."""
+    lv = fit.envelope.levels
+    if "air" in lv and "material" in lv and lv["material"] - lv["air"] > 1.5 * lv.get("noise", 0.0):
+        return float(lv["material"])
+    return None
+
+
+def _mark_air(volume, fit, store) -> None:
     """Give a user's mask the sample's surface where it has one (code 1): there its partial-volume
     rim is not pore. Where the sample is found by its shape (:func:`~ctpore.data.sample.find_sample`),
     the mask's outside within :data:`_NEAR` voxels of what the found sample has across its air
@@ -174,8 +192,7 @@ def _mark_air(volume, geometry: Geometry, store) -> None:
     slice whose band two and three voxels out from the mask is darker, on the median, than a
     quarter of the way from the air's level to the material's is across air all round. Where the
     mask cuts through material (a region of interest inside the rock) the outside stays code 2 and
-    the pores it cuts stay whole."""
-    fit = find_sample(volume, geometry.spacing_mm)
+    the pores it cuts stay whole. ``fit``: the scan's :func:`~ctpore.data.sample.find_sample`."""
     lv = fit.envelope.levels
     shaped = fit.has_outside and fit.kind in ("cylinder", "outline")
     if not shaped and ("air" not in lv or "material" not in lv):
@@ -243,7 +260,7 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
                                  "margin_vox": 0})
     fit = None
     if isinstance(sample, str) and sample == "auto":
-        fit = find_sample(volume, geometry.spacing_mm)
+        fit = shape_fit = find_sample(volume, geometry.spacing_mm)
         if not fit.has_outside:  # no surface to erode a margin from either
             _no_surface(margin, source, "the material reaches the border: the sample has no surface")
             return SampleMask(None, {"mode": "auto", "found": fit.describe(units_known), "outside_voxels": 0,
@@ -267,7 +284,8 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
     else:
         store, handle = _store(shape, folder, in_memory)
         n = _user_mask(sample, geometry, store, progress)
-        _mark_air(volume, geometry, store)
+        shape_fit = find_sample(volume, geometry.spacing_mm)
+        _mark_air(volume, shape_fit, store)
         if margin:
             n = _erode(store, shape, margin)
         name = Path(sample).name if isinstance(sample, (str, os.PathLike)) else "given"
@@ -282,4 +300,4 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
         warnings.warn(f"{source}: {n} voxel(s) ({100.0 * n / total:.1f}% of the scan) lie outside the sample "
                       f"({info['found']}); every figure is of the sample's {total - n} voxels (--sample all measures "
                       "the whole volume)", CtporeWarning, stacklevel=2)
-    return SampleMask(store, info, handle, fit)
+    return SampleMask(store, info, handle, fit, level=_solid_level(shape_fit))

@@ -392,3 +392,23 @@ def test_a_core_touching_a_wall_darker_than_itself_keeps_its_edge():
     found = codes == 0
     assert (found & true).sum() / (found | true).sum() >= 0.97
     assert abs(fit.envelope.cylinder.radius_mm / 0.01 - 42) <= 0.6
+
+
+def test_the_methods_see_the_outside_as_the_samples_solid():
+    """The outside is filled with the grey level of the sample's solid (the methods see the sample in
+    solid, as every figure counts the outside), within a few noise levels of the solid voxels' own
+    median grey value (from the label); the sample's voxels are untouched."""
+    from ctpore.data.io import geometry_from_array
+    from ctpore.pipelines.sample_mask import prepare_sample
+
+    scan, truth, true = _dry_core((12, 96, 96), 38)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mask = prepare_sample(scan, geometry_from_array(scan.shape, (0.01, 0.01, 0.01)), "auto")
+    filled = mask.fill(0, scan.shape[0], scan)
+    out = np.asarray(mask.outside[:])
+    assert np.array_equal(filled[~out], scan[~out])
+    assert np.unique(filled[out]).size == 1
+    solid = scan[true & (truth == 0)]
+    noise = float(np.std(scan[~true][: 10_000]))
+    assert abs(float(filled[out][0]) - float(np.median(solid))) <= 3 * noise
