@@ -44,11 +44,12 @@ def _fmt(v) -> str:
 def analyze(pores, sample, prob, outdir, memory_gb, overwrite, as_json):
     """Measure the pores in PORES (0/1, any format ctpore reads) within the sample: porosity,
     surface area and specific surface, mean breadth, the Euler number, the local-thickness pore-size
-    distribution (d10, d50, d90, mean), connected, isolated and percolating porosity.
+    distribution (d10, d50, d90, mean), the drainage curve from the top face (as mercury intrusion),
+    connected, isolated and percolating porosity.
 
-    Writes <stem>_analysis.json, <stem>_thickness.nii.gz (the thickness map), <stem>_psd.csv and
-    <stem>_psd.png, where <stem> is PORES' name without its _pores. Every figure is exact and
-    streamed: memory follows the slab, not the scan.
+    Writes <stem>_analysis.json, <stem>_thickness.nii.gz (the thickness map), <stem>_psd.csv,
+    <stem>_psd.png and <stem>_drainage.csv, where <stem> is PORES' name without its _pores. Every
+    figure is exact and streamed: memory follows the slab, not the scan.
     """
     from ctpore.pipelines.analysis_run import analyze as run
 

@@ -24,6 +24,7 @@ ANALYSIS_FIGURES = (
     ("thickness_d10", "length"),
     ("thickness_d50", "length"),
     ("thickness_d90", "length"),
+    ("drainage_d50", "length"),
     ("connected_porosity", None),
     ("isolated_porosity", None),
     ("percolating_porosity_zyx", None),

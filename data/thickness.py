@@ -84,12 +84,14 @@ def distance_map(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0))
 
 def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0),
                     dist: Optional[np.ndarray] = None, centres: Optional[np.ndarray] = None,
-                    rmax: Optional[int] = None) -> np.ndarray:
+                    rmax: Optional[int] = None, cover: Optional[np.ndarray] = None) -> np.ndarray:
     """Local thickness radii (int16; 0 on the solid) of ``pores`` (module docstring).
 
     ``dist``: its :func:`distance_map` when already made. ``centres`` (bool): only these voxels may
     centre a ball (the others still get covered). ``rmax``: the largest radius tried (default:
-    the largest distance).
+    the largest distance). ``cover``: at level ``r`` the centres (``dist >= r``) cover what lies
+    closer than ``cover[r]`` to them instead of ``r`` (a level whose ``cover`` is 0 is skipped;
+    ``cover[r] <= r``); the map still holds the level ``r``.
     """
     p = np.asarray(pores, bool)
     d = distance_map(p, sampling) if dist is None else dist
@@ -104,6 +106,9 @@ def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.
     ok = d if centres is None else np.where(centres, d, 0.0)
     sampling = tuple(sampling)
     for r in range(top, 0, -1):
+        reach = float(r) if cover is None else float(cover[r]) if r < len(cover) else 0.0
+        if reach <= 0:
+            continue
         seeds = ok >= r
         if not seeds.any():
             continue
@@ -114,9 +119,9 @@ def thickness_radii(pores: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.
             grow = int(math.ceil(r / sampling[axis]))
             box.append(slice(max(0, on[0] - grow), min(n, on[-1] + grow + 1)))
         box = tuple(box)
-        cover = _edt(~seeds[box], sampling) < r
+        covered = _edt(~seeds[box], sampling) < reach
         region = out[box]
-        region[(region == 0) & cover] = r
+        region[(region == 0) & covered] = r
     return out
 
 
@@ -289,11 +294,12 @@ def plan_tiles(shape: tuple, halo: tuple, budget_bytes: int) -> tuple:
 
 
 def tiled_thickness(dist: np.ndarray, out: np.ndarray, sampling: Sequence[float] = (1.0, 1.0, 1.0),
-                    rmax: Optional[float] = None, budget_bytes: int = 1 << 30, progress: ProgressFn = None) -> tuple:
+                    rmax: Optional[float] = None, budget_bytes: int = 1 << 30, progress: ProgressFn = None,
+                    cover: Optional[np.ndarray] = None) -> tuple:
     """The radii of :func:`thickness_radii` of the whole volume into ``out`` (int16, an array or a
     memory map), from its exact distance map ``dist`` (:func:`distance_pass`), tile by tile: each tile
     is computed with a halo of the largest radius (the centres that can reach it) read from the map
-    (:func:`plan_tiles`). Returns the tile."""
+    (:func:`plan_tiles`). ``cover``: as for :func:`thickness_radii`. Returns the tile."""
     sampling = tuple(sampling)
     shape = tuple(dist.shape)
     nz = shape[0]
@@ -311,7 +317,7 @@ def tiled_thickness(dist: np.ndarray, out: np.ndarray, sampling: Sequence[float]
                 lo = (max(0, z0 - halo[0]), max(0, y0 - halo[1]), max(0, x0 - halo[2]))
                 hi = (min(nz, z1 + halo[0]), min(shape[1], y1 + halo[1]), min(shape[2], x1 + halo[2]))
                 d = np.asarray(dist[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]], np.float32)
-                radii = thickness_radii(d > 0, sampling, dist=d, rmax=R)
+                radii = thickness_radii(d > 0, sampling, dist=d, rmax=R, cover=cover)
                 out[z0:z1, y0:y1, x0:x1] = radii[z0 - lo[0]:z1 - lo[0], y0 - lo[1]:y1 - lo[1], x0 - lo[2]:x1 - lo[2]]
         if progress is not None:
             progress(z1, nz, "local thickness")

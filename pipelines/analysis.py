@@ -30,6 +30,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from ctpore.data.drainage import access_radii, drainage_curve, step_radii
 from ctpore.data.minkowski import MinkowskiAccumulator
 from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
 from ctpore.data.slabs import StreamingTopology
@@ -47,6 +48,10 @@ DEFAULT_SLAB_VOXELS = 1 << 23
 #: Bytes per voxel of a slab in the passes other than the thickness (labels, masks, codes).
 PASS_BYTES_PER_VOXEL = 24
 
+
+#: Bytes per voxel of the maps held in memory when a quarter of the budget holds them: the distances
+#: (float32), the thickness or drainage radii and the access radii (int16 each).
+MAP_BYTES = 8
 
 #: The memory budget (GB) of the whole process when none is given: ``reconstruct``'s.
 DEFAULT_MEMORY_GB = 1.5
@@ -104,6 +109,28 @@ def thickness_summary(counts: np.ndarray, unit: float) -> dict:
     cum = np.cumsum(c) / total
     pick = {f"d{q}": float(d[int(np.searchsorted(cum, q / 100 - 1e-12))]) for q in (10, 50, 90)}
     return {"mean": float((c * d).sum() / total), **pick}
+
+
+def _drainage(dist, radii, inlet: int, slab: int, sampling: tuple, room: int, n_pore: int, unit: float,
+              tmp, progress: ProgressFn) -> dict:
+    """The drainage curve from the top face (plane ``inlet``) of the exact distance map ``dist``:
+    the access levels (:func:`~ctpore.data.drainage.access_radii`, in a map beside it), then the
+    drainage levels tile by tile into ``radii`` (the thickness map's, already read), counted, with
+    each level's step radius (:func:`~ctpore.data.drainage.step_radii`)."""
+    amap = np.zeros(dist.shape, np.int16) if isinstance(radii, np.ndarray) else DiskArray(tmp, dist.shape, np.int16)
+    try:
+        top = access_radii(dist, amap, inlet, slab, progress=progress)
+        steps = step_radii(dist, slab)
+        counts = np.zeros(top + 1, np.int64)
+        if top:
+            tiled_thickness(amap, radii, sampling, float(top), room, progress=progress, cover=steps)
+            for z0 in range(0, dist.shape[0], slab):
+                r = np.asarray(radii[z0:z0 + slab])
+                counts += np.bincount(r.ravel(), minlength=top + 1)[:top + 1]
+    finally:
+        if isinstance(amap, DiskArray):
+            amap.close()
+    return {"inlet_slice": int(inlet), **drainage_curve(counts, n_pore, unit, steps)}
 
 
 def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, memory_gb: Optional[float] = None,
@@ -166,18 +193,19 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
     # halo of the largest radius; both maps in memory when a quarter of the budget holds them, else in
     # nameless files (in tmp_dir, default the system's temporary folder)
     tmp = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
-    in_memory = 6 * nz * plane <= budget // 4
+    in_memory = MAP_BYTES * nz * plane <= budget // 4
     dist = np.zeros(shape, np.float32) if in_memory else DiskArray(tmp, shape, np.float32)
     # slabs of the distance pass: the pores of a slab and its halo (1 byte a voxel) in an eighth of
     # the budget, their transform tiled in the rest
     dslab = max(1, min(nz, budget // (8 * plane) - 64))
     rmax = distance_pass(read, nz, dslab, sampling, dist, progress=progress,
-                         budget_bytes=budget - (6 * nz * plane if in_memory else 0) - budget // 8)
+                         budget_bytes=budget - (MAP_BYTES * nz * plane if in_memory else 0) - budget // 8)
     psd = np.zeros(int(math.floor(rmax)) + 1 if np.isfinite(rmax) else 1, np.int64)
     tiles = "none"
+    drain = None
     if mink.n_pore and np.isfinite(rmax):
         radii = np.zeros(shape, np.int16) if in_memory else DiskArray(tmp, shape, np.int16)
-        room = budget - (6 * nz * plane if in_memory else 0)
+        room = budget - (MAP_BYTES * nz * plane if in_memory else 0)
         tile = tiled_thickness(dist, radii, sampling, rmax, room, progress=progress)
         tiles = "x".join(map(str, tile))
         for z0 in range(0, nz, slab):
@@ -185,6 +213,9 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
             psd += np.bincount(r.ravel(), minlength=len(psd))[:len(psd)]
             if thickness_writer is not None:
                 thickness_writer.write((2.0 * r * min(spacing)).astype(np.float32))
+        if faces[0] is not None:  # passes 5 and 6: the drainage from the top face, into the radii's map
+            drain = _drainage(dist, radii, faces[0][0], slab, sampling, room, mink.n_pore, min(spacing), tmp,
+                              progress)
         if isinstance(radii, DiskArray):
             radii.close()
     elif thickness_writer is not None:
@@ -208,6 +239,7 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
         "thickness_d90": th["d90"],
         **{k: c[k] for k in ("connected_porosity", "isolated_porosity", "percolating_porosity_zyx", "percolates_zyx")},
         "porosity_expected": expected / n_sample if prob is not None and n_sample else None,
+        "drainage_d50": None if drain is None else drain["d50"], "drainage": drain,
         "sample_voxels": n_sample, "largest_radius": float(rmax) if np.isfinite(rmax) else None,
         "units_known": known, "unit": unit if known else None, "psd_counts": psd.tolist(),
         "faces_zyx": [list(f) if f is not None else None for f in faces],

@@ -1,9 +1,13 @@
-"""The pore-size distribution as a table (``<stem>_psd.csv``) and a plot (``<stem>_psd.png``).
+"""The pore-size distribution as a table (``<stem>_psd.csv``) and a plot (``<stem>_psd.png``), and the
+drainage curve as a table (``<stem>_drainage.csv``) and a curve on the same plot.
 
 The distribution is volume-weighted: for each local-thickness diameter, the share of the pore
-volume at that thickness, and the cumulative share at or below it. The plot is drawn with Pillow
-(as ctpore's other pictures): bars of the share per diameter, the cumulative curve over them, and
-d10, d50 and d90 marked, every axis labelled with its unit.
+volume at that thickness, and the cumulative share at or below it. The drainage curve gives, for
+each diameter from the largest down, the share of the pore volume a non-wetting fluid entering at
+the sample's top face has invaded once it passes that diameter (:mod:`ctpore.data.drainage`). The
+plot is drawn with Pillow (as ctpore's other pictures): bars of the share per diameter, the
+cumulative curve over them, the drainage curve, and d10, d50 and d90 marked, every axis labelled
+with its unit.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Union
 
 import numpy as np
 
-__all__ = ["psd_rows", "write_psd_csv", "write_psd_png", "psd_image"]
+__all__ = ["psd_rows", "write_psd_csv", "write_psd_png", "psd_image", "write_drainage_csv"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -43,6 +47,20 @@ def write_psd_csv(counts, unit: float, unit_name: str, path: PathLike) -> None:
     w.writerow([f"diameter_{unit_name}", "voxels", "pore_volume_fraction", "cumulative_fraction"])
     for d, n, share, cum in psd_rows(counts, unit):
         w.writerow([f"{d:.6g}", n, f"{share:.6g}", f"{cum:.6g}"])
+    with atomic_write(path) as tmp:
+        tmp.write_text(buf.getvalue())
+
+
+def write_drainage_csv(drainage, unit_name: str, path: PathLike) -> None:
+    """The drainage curve (``drainage``: :func:`~ctpore.data.drainage.drainage_curve`'s, or None where the
+    sample has no top face: a header only), whole or not at all."""
+    from ctpore.atomic import atomic_write
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([f"diameter_{unit_name}", "invaded_pore_fraction"])
+    for d, v in zip(*((drainage["diameter"], drainage["invaded"]) if drainage else ((), ()))):
+        w.writerow([f"{d:.6g}", f"{v:.6g}"])
     with atomic_write(path) as tmp:
         tmp.write_text(buf.getvalue())
 
@@ -84,6 +102,11 @@ def psd_image(counts, unit: float, unit_name: str, figures: dict):
         pts = [(x(d), top + ph * (1 - c)) for d, _n, _s, c in rows]
         if len(pts) > 1:
             dr.line(pts, fill=(40, 96, 170), width=2)
+        drain = figures.get("drainage") or {}
+        pts = [(x(d), top + ph * (1 - v)) for d, v in zip(drain.get("diameter", ()), drain.get("invaded", ()))]
+        if len(pts) > 1:
+            dr.line(pts, fill=(30, 140, 60), width=2)
+            dr.text((left + pw - 190, top + 4), "drained from the top face", fill=(30, 140, 60), font=font)
         for q in ("d10", "d50", "d90"):
             v = figures.get(f"thickness_{q}")
             if v is not None:

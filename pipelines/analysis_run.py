@@ -5,8 +5,9 @@ Inputs: a 0/1 pore volume in any format ctpore reads; the sample mask given, els
 given, else ``<stem>_prob`` beside the pores when there is one (for the expected porosity).
 Output names drop the ``_pores`` of the input's stem: ``scan_pores.nii.gz`` gives
 ``scan_analysis.json``, ``scan_thickness.nii.gz`` (``.ome.zarr`` when the pores are one),
-``scan_psd.csv`` and ``scan_psd.png``. The volumes and the table are written whole or not at all,
-the JSON last.
+``scan_psd.csv``, ``scan_psd.png`` and ``scan_drainage.csv`` (the drainage curve from the top face;
+its header only where the sample has no top face). The volumes and the tables are written whole or
+not at all, the JSON last.
 
 Lengths are in mm where the pores' file gives its units, else per voxel, named as the metrics
 name them: ``surface_area_mm2`` or ``surface_area_voxel2``, ``specific_surface_per_mm`` or
@@ -54,7 +55,8 @@ def analysis_paths(pores: PathLike, outdir: Optional[PathLike] = None) -> dict:
     stem = _stem(p)
     ext = ".ome.zarr" if _suffix(p).lower() == ".ome.zarr" else ".nii.gz"
     return {"analysis": out / f"{stem}_analysis.json", "thickness": out / f"{stem}_thickness{ext}",
-            "psd_csv": out / f"{stem}_psd.csv", "psd_png": out / f"{stem}_psd.png"}
+            "psd_csv": out / f"{stem}_psd.csv", "psd_png": out / f"{stem}_psd.png",
+            "drainage_csv": out / f"{stem}_drainage.csv"}
 
 
 def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[PathLike] = None,
@@ -66,7 +68,7 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
     from ctpore.data.io import load_scan
     from ctpore.data.io.write import volume_writer
     from ctpore.pipelines.analysis import analyze_volume
-    from ctpore.pipelines.analysis_outputs import write_psd_csv, write_psd_png
+    from ctpore.pipelines.analysis_outputs import write_drainage_csv, write_psd_csv, write_psd_png
 
     src = Path(pores)
     paths = analysis_paths(src, outdir)
@@ -88,6 +90,7 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
         unit_name = "mm" if res["units_known"] else "voxel"
         write_psd_csv(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_csv"])
         write_psd_png(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_png"], res)
+        write_drainage_csv(res["drainage"], unit_name, paths["drainage_csv"])
         record = analysis_record(res)
         record.update(source=str(src), sample=str(sample) if sample else None, prob=str(prob) if prob else None,
                       spacing_mm_zyx=list(geom.spacing_mm) if res["units_known"] else None,

@@ -220,6 +220,64 @@ def test_analyze_streamed_under_a_small_budget_equals_whole(tmp_path):
     assert whole["porosity"] == inside.sum() / smp.sum()
     radii = thickness_radii(inside, (1.0, 1.0, 1.0))
     assert whole["psd_counts"] == np.bincount(radii.ravel()).tolist()
+    # the drainage curve against PoreSpy's algorithm (porosimetry, method "dt") on the whole volume
+    inlet = whole["faces_zyx"][0][0]
+    drained = _drainage_by_definition(inside, inlet)
+    assert whole["drainage"]["inlet_slice"] == inlet and drained.any()
+    assert _same_curve(whole["drainage"], drained, int(inside.sum()), 0.01)
+
+
+def test_drainage_fills_an_ink_bottle_only_at_its_neck(tmp_path):
+    """A wide chamber behind a narrow channel from the top face (an ink bottle): the local thickness
+    sees the chamber's size, the drainage fills it only once the fluid passes the channel's; a
+    chamber reached from no face is never filled; in a file (a small budget) as in memory, and as
+    PoreSpy's algorithm gives it."""
+    from ctpore.data.io.geometry import geometry_from_array
+    from ctpore.pipelines.analysis import analyze_volume
+    from ctpore.pipelines.budget import BASE_BYTES, MARGIN_BYTES
+
+    pores = np.zeros((120, 32, 32), np.uint8)
+    pores[:12, 14:19, 14:19] = 1            # a channel 5 voxels wide from the top face
+    pores[10:26, 6:27, 6:27] = 1            # a chamber 21 wide (and 16 high) below it
+    pores[30:36, 10:16, 10:16] = 1          # a closed cavity
+    geom = geometry_from_array(pores.shape, (0.01, 0.01, 0.01))
+    whole = analyze_volume(pores, geom)
+    drained = _drainage_by_definition(pores.astype(bool), 0)
+    chamber = drained[18, 16, 16]
+    assert chamber == 3 and 2 * chamber < whole["thickness_d90"] / 0.01  # the neck's radius, not the chamber's
+    assert not drained[33].any()  # the cavity
+    assert whole["drainage"]["inlet_slice"] == 0 and _same_curve(whole["drainage"], drained, int(pores.sum()), 0.01)
+    assert whole["drainage"]["invaded"][-1] == pytest.approx(1 - 216 / pores.sum())
+    budget = 24 * 42 * pores.shape[1] * pores.shape[2]  # slabs of 42 slices, the maps in files
+    small = analyze_volume(pores, geom, memory_gb=(BASE_BYTES + MARGIN_BYTES + budget) / 2**30, tmp_dir=tmp_path)
+    assert small["slab_slices"] < pores.shape[0] and small["drainage"] == whole["drainage"]
+
+
+def _drainage_by_definition(pores: np.ndarray, inlet: int) -> np.ndarray:
+    """PoreSpy 3.2's porosimetry (drainage_dt, smooth, its default sizes) written out on the whole
+    volume: for each distinct distance r of a pore voxel, from the largest, the pore voxels whose
+    distance rounded down is at least r and that join the inlet plane (6-connected), the voxels closer
+    than r to them, each voxel keeping its first r."""
+    dt = ndi.distance_transform_edt(pores)
+    level = np.floor(dt)
+    out = np.zeros(pores.shape)
+    for r in np.unique(dt[pores])[::-1]:
+        labels, _ = ndi.label(level >= r)
+        kept = np.isin(labels, np.unique(labels[inlet][labels[inlet] > 0]))
+        if kept.any():
+            out[(out == 0) & (ndi.distance_transform_edt(~kept) < r)] = r
+    return out * pores
+
+
+def _same_curve(got: dict, drained: np.ndarray, n_pore: int, unit: float) -> bool:
+    """``got`` (a drainage curve) against a map of drainage radii (``n_pore`` pore voxels): every radius
+    of the map is a step of the curve, and at each step the share invaded is that of the map's voxels
+    at that radius or more."""
+    radii = 0.5 * np.asarray(got["diameter"]) / unit
+    seen = np.unique(drained[drained > 0])
+    steps_hit = all(np.isclose(radii, r, rtol=1e-6).any() for r in seen)
+    shares = [np.count_nonzero(drained >= r * (1 - 1e-6)) / n_pore for r in radii]
+    return bool(steps_hit and got["invaded"] == pytest.approx(shares, rel=1e-12))
 
 
 def test_the_command_writes_every_output_with_registered_keys(tmp_path):
@@ -234,7 +292,7 @@ def test_the_command_writes_every_output_with_registered_keys(tmp_path):
     res = CliRunner().invoke(cli, ["analyze", str(tmp_path / "rock_pores.nii.gz"), "--json"])
     assert res.exit_code == 0, res.output
     rec = json.loads(res.output)
-    for name in ("rock_analysis.json", "rock_thickness.nii.gz", "rock_psd.csv", "rock_psd.png"):
+    for name in ("rock_analysis.json", "rock_thickness.nii.gz", "rock_psd.csv", "rock_psd.png", "rock_drainage.csv"):
         assert (tmp_path / name).exists(), name
     assert rec["sample"].endswith("rock_sample.nii.gz")  # found beside the pores
     registered = {m.key for m in METRICS}

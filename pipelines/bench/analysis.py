@@ -5,6 +5,8 @@
   ``local_thickness(method="dt")`` (run in a child process, where PoreSpy is installed): the two
   maps voxel for voxel, and d10, d50 and d90 (the same volume-weighted rule on both maps) against
   the tolerance of one radius step (2 voxels of diameter) or 10%, whichever is larger.
+- **Drainage**: the drainage curve from the top face against PoreSpy 3.2's ``porosimetry(method="dt")``
+  with the same inlet: the curves (the pore volume invaded at each diameter) equal or not, and d50.
 - **Connectivity**: the connected and percolating porosities and the verdicts against a
   whole-volume labelling (``skimage.measure.label``, 26-connected).
 - **Surface area**: against the analytic area of balls and of planes at random orientations, with
@@ -43,6 +45,20 @@ import porespy as ps
 im = np.load(sys.argv[1]).astype(bool)
 lt = ps.filters.local_thickness(im, method="dt")
 np.save(sys.argv[2], lt.astype(np.int16))
+print(json.dumps({"seconds": time.perf_counter() - t0, "version": ps.__version__}))
+"""
+
+
+_PORESPY_DRAINAGE = r"""
+import json, sys, time
+import numpy as np
+t0 = time.perf_counter()
+import porespy as ps
+im = np.load(sys.argv[1]).astype(bool)
+inlets = np.zeros_like(im)
+inlets[int(sys.argv[3])] = True
+r = ps.filters.porosimetry(im, inlets=inlets, method="dt", smooth=True)
+np.save(sys.argv[2], r.astype(np.int16))
 print(json.dumps({"seconds": time.perf_counter() - t0, "version": ps.__version__}))
 """
 
@@ -145,7 +161,7 @@ def _case(name: str, pores: np.ndarray, spacing: tuple, porespy: Optional[str], 
     row = {"name": name, "shape": list(pores.shape), "spacing_mm": list(spacing), "porosity": got["porosity"],
            "ctpore": {k: got[k] for k in ("thickness_d10", "thickness_d50", "thickness_d90", "thickness_mean",
                                           "connected_porosity", "percolating_porosity_zyx", "percolates_zyx",
-                                          "surface_area", "specific_surface")}}
+                                          "surface_area", "specific_surface", "drainage_d50")}}
     ref = _connectivity_reference(pores)
     row["labelling"] = ref
     row["connectivity_equal"] = (abs(ref["connected_porosity"] - got["connected_porosity"]) < 1e-12
@@ -167,6 +183,16 @@ def _case(name: str, pores: np.ndarray, spacing: tuple, porespy: Optional[str], 
                                          for q in ("d10", "d50", "d90"))
         else:
             row["porespy"] = {"error": run.get("err") or "timed out"}
+        if got["drainage"] is not None and run["rc"] == 0:  # the drainage curve from the top face
+            from ctpore.data.drainage import drainage_curve
+
+            inlet = got["drainage"]["inlet_slice"]
+            dst = workdir / f"{name}_drainage.npy"
+            drun = _child([porespy, "-c", _PORESPY_DRAINAGE, str(src), str(dst), str(inlet)], timeout=3600)
+            if drun["rc"] == 0:
+                theirs = drainage_curve(np.bincount(np.load(dst).ravel().astype(np.int64)), int(pores.sum()), unit)
+                row["porespy"]["drainage_d50"] = theirs["d50"]
+                row["drainage_equal"] = {"inlet_slice": inlet, **theirs} == got["drainage"]
     return row
 
 
@@ -347,9 +373,17 @@ def write_analysis_report(res: dict, outdir: Path, command: str) -> tuple[Path, 
         lines.append(f"| {c['name']} ({'x'.join(map(str, c['shape']))}, {c['spacing_mm'][0]:g} mm) | "
                      f"{c['porosity']:.3f} | " + " | ".join(cells) + f" | {'-' if eq is None else f'{eq:.2%}'} | "
                      f"{'yes' if c.get('quantiles_match') else 'no' if 'quantiles_match' in c else '-'} |")
+    lines += ["", "The drainage curve from the top face (slice 0) against PoreSpy 3.2's "
+              "`porosimetry(im, inlets=slice 0, method=\"dt\")`: the share of the pore volume invaded at every "
+              "diameter.", "", "| volume | drainage d50 ctpore / PoreSpy | curves equal |", "|---|---|---|"]
+    for c in res["cases"]:
+        ps = c.get("porespy", {})
+        eq = c.get("drainage_equal")
+        lines.append(f"| {c['name']} | {f(c['ctpore'].get('drainage_d50'))} / {f(ps.get('drainage_d50'))} | "
+                     f"{'-' if eq is None else 'yes' if eq else 'no'} |")
     if (outdir / "analysis_psd.png").is_file():
         lines += ["", "![The Leopard sandstone's pore-size distribution: the share of the pore volume per "
-                  "local-thickness diameter, the cumulative curve, d10, d50 and d90](analysis_psd.png)"]
+                  "local-thickness diameter, the cumulative curve, d10, d50 and d90, and the drainage curve from the top face](analysis_psd.png)"]
     lines += ["", "## Connected and percolating porosity", "",
               "Every voxel is the sample; the reference labels the whole volume with scikit-image (26-connected).", "",
               "| volume | connected ctpore / labelling | percolating z, y, x (ctpore) | equal |", "|---|---|---|---|"]
