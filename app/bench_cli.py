@@ -223,7 +223,7 @@ def bench_analysis(quick, sizes, porespy_max, sim_size, porespy_python, limit_mi
     """ctpore analyze beside PoreSpy (local thickness), scikit-image (labelling, marching cubes) and the
     analytic truth; whole processes timed on simulated volumes. Writes OUTDIR/analysis.md and .json."""
     from ctpore.pipelines.bench.analysis import bench_analysis as run
-    from ctpore.pipelines.bench.analysis import write_analysis_report
+    from ctpore.pipelines.bench.analysis_report import write_analysis_report
 
     try:
         edges = (48,) if quick else tuple(int(s) for s in sizes.split(",") if s.strip())

@@ -106,7 +106,7 @@ def psd_image(counts, unit: float, unit_name: str, figures: dict):
         pts = [(x(d), top + ph * (1 - v)) for d, v in zip(drain.get("diameter", ()), drain.get("invaded", ()))]
         if len(pts) > 1:
             dr.line(pts, fill=(30, 140, 60), width=2)
-            dr.text((left + pw - 190, top + 4), "drained from the top face", fill=(30, 140, 60), font=font)
+            dr.text((left + pw / 2 - 80, top - 16), "drained from the top face", fill=(30, 140, 60), font=font)
         for q in ("d10", "d50", "d90"):
             v = figures.get(f"thickness_{q}")
             if v is not None:
