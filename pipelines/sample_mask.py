@@ -37,7 +37,6 @@ _SLAB = 16
 _NEAR = 2
 
 
-
 class _Outside:
     """The outside as bool ``(Z, Y, X)`` (True outside), sliced along Z, over the outside's codes
     (:meth:`~ctpore.data.sample.SampleFit.outside`: 1 across the sample's surface, 2 across none)."""
@@ -85,8 +84,9 @@ class SampleMask:
         the grey level of the sample's solid material, where it is known (what the methods see
         around the sample is solid, as every figure counts the outside); else each outside pixel
         gets the grey value of the nearest sample pixel of its slice (the sample's edge carried
-        outwards). Neither way is the outside a dark region that looks like pore, nor does it move
-        with the sample's boundary by more than the voxels the boundary moves."""
+        outwards). Neither way is the outside a dark region that looks like pore; the solid level
+        also stays the same wherever the sample's boundary is drawn, where the carried edge changes
+        with every voxel the boundary moves."""
         block = np.array(block, np.float32)
         out = np.asarray(self.outside[a:b])
         if self.level is not None:
@@ -197,7 +197,6 @@ def _mark_air(volume, fit, store) -> None:
     shaped = fit.has_outside and fit.kind in ("cylinder", "outline")
     if not shaped and ("air" not in lv or "material" not in lv):
         return
-    rise = lv.get("air", 0.0) + 0.25 * (lv.get("material", 0.0) - lv.get("air", 0.0))
     cross = ndi.generate_binary_structure(2, 1)
     for z0 in range(0, store.shape[0], _SLAB):
         z1 = min(store.shape[0], z0 + _SLAB)
@@ -213,6 +212,7 @@ def _mark_air(volume, fit, store) -> None:
                     codes[i][(codes[i] == BEYOND) & near] = SURFACE
             store[z0:z1] = codes
             continue
+        rise = lv["air"] + 0.25 * (lv["material"] - lv["air"])
         for i in range(z1 - z0):
             sample = codes[i] == 0
             if not sample.any() or sample.all():

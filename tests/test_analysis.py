@@ -15,7 +15,7 @@ from skimage.measure import label as sk_label
 
 from ctpore.data.minkowski import MinkowskiAccumulator, breadth_lut, minkowski_measures, surface_lut, tile_histogram
 from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
-from ctpore.pipelines.bench.analysis import plane_area_in_box
+from ctpore.pipelines.bench.analysis import drainage_matches, plane_area_in_box
 from ctpore.data.thickness import distance_map, largest_distance, streamed_thickness, thickness_radii
 
 
@@ -224,7 +224,7 @@ def test_analyze_streamed_under_a_small_budget_equals_whole(tmp_path):
     inlet = whole["faces_zyx"][0][0]
     drained = _drainage_by_definition(inside, inlet)
     assert whole["drainage"]["inlet_slice"] == inlet and drained.any()
-    assert _same_curve(whole["drainage"], drained, int(inside.sum()), 0.01)
+    assert drainage_matches(whole["drainage"], drained, int(inside.sum()), 0.01)
 
 
 def test_drainage_fills_an_ink_bottle_only_at_its_neck(tmp_path):
@@ -246,7 +246,8 @@ def test_drainage_fills_an_ink_bottle_only_at_its_neck(tmp_path):
     chamber = drained[18, 16, 16]
     assert chamber == 3 and 2 * chamber < whole["thickness_d90"] / 0.01  # the neck's radius, not the chamber's
     assert not drained[33].any()  # the cavity
-    assert whole["drainage"]["inlet_slice"] == 0 and _same_curve(whole["drainage"], drained, int(pores.sum()), 0.01)
+    assert whole["drainage"]["inlet_slice"] == 0
+    assert drainage_matches(whole["drainage"], drained, int(pores.sum()), 0.01)
     assert whole["drainage"]["invaded"][-1] == pytest.approx(1 - 216 / pores.sum())
     budget = 24 * 42 * pores.shape[1] * pores.shape[2]  # slabs of 42 slices, the maps in files
     small = analyze_volume(pores, geom, memory_gb=(BASE_BYTES + MARGIN_BYTES + budget) / 2**30, tmp_dir=tmp_path)
@@ -267,17 +268,6 @@ def _drainage_by_definition(pores: np.ndarray, inlet: int) -> np.ndarray:
         if kept.any():
             out[(out == 0) & (ndi.distance_transform_edt(~kept) < r)] = r
     return out * pores
-
-
-def _same_curve(got: dict, drained: np.ndarray, n_pore: int, unit: float) -> bool:
-    """``got`` (a drainage curve) against a map of drainage radii (``n_pore`` pore voxels): every radius
-    of the map is a step of the curve, and at each step the share invaded is that of the map's voxels
-    at that radius or more."""
-    radii = 0.5 * np.asarray(got["diameter"]) / unit
-    seen = np.unique(drained[drained > 0])
-    steps_hit = all(np.isclose(radii, r, rtol=1e-6).any() for r in seen)
-    shares = [np.count_nonzero(drained >= r * (1 - 1e-6)) / n_pore for r in radii]
-    return bool(steps_hit and got["invaded"] == pytest.approx(shares, rel=1e-12))
 
 
 def test_the_command_writes_every_output_with_registered_keys(tmp_path):
