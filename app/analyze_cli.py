@@ -39,13 +39,19 @@ def _fmt(v) -> str:
          help="Folder of the outputs.")
 @_option("--memory-gb", type=click.FloatRange(0.5), default=None, show_default="slabs of about 8 M voxels",
          help="Host memory for the whole analysis, in GB.")
+@_option("--flow", is_flag=True, show_default=True,
+         help="Also the permeability (PoreSpy's snow2 network, OpenPNM's Stokes flow) and the tortuosity along "
+              "each axis, on a cube inside the sample (needs the analysis extra).")
+@_option("--flow-cube", type=int, default=200, show_default=True,
+         help="The side of that cube in voxels (16 to 400), centred on the sample.")
 @_option("--overwrite", is_flag=True, show_default=True, help="Replace outputs of an earlier analysis.")
 @_option("--json", "as_json", is_flag=True, show_default=True, help="Print the record as JSON.")
-def analyze(pores, sample, prob, outdir, memory_gb, overwrite, as_json):
+def analyze(pores, sample, prob, outdir, memory_gb, flow, flow_cube, overwrite, as_json):
     """Measure the pores in PORES (0/1, any format ctpore reads) within the sample: porosity,
     surface area and specific surface, mean breadth, the Euler number, the local-thickness pore-size
     distribution (d10, d50, d90, mean), the drainage curve from the top face (as mercury intrusion),
-    connected, isolated and percolating porosity.
+    connected, isolated and percolating porosity; with --flow, the permeability (m2 and darcy) and
+    the tortuosity along each axis of a cube inside the sample.
 
     Writes <stem>_analysis.json, <stem>_thickness.nii.gz (the thickness map), <stem>_psd.csv,
     <stem>_psd.png and <stem>_drainage.csv, where <stem> is PORES' name without its _pores. Every
@@ -55,7 +61,7 @@ def analyze(pores, sample, prob, outdir, memory_gb, overwrite, as_json):
 
     with _Progress("analyze") as bar:
         rec = run(pores, sample=sample, prob=prob, outdir=outdir, memory_gb=memory_gb, overwrite=overwrite,
-                  progress=bar)
+                  progress=bar, flow_cube=flow_cube if flow else None)
     if as_json:
         click.echo(json.dumps(rec, indent=2))
         return EXIT_OK

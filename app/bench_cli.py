@@ -243,3 +243,27 @@ def bench_analysis(quick, sizes, porespy_max, sim_size, porespy_python, limit_mi
                    "its columns are empty")
     click.echo(f"wrote {mpath} and {jpath}")
     return EXIT_OK
+
+
+@bench.command("flow")
+@_option("--cube", default=200, show_default=True, type=click.IntRange(16, 400),
+         help="The largest cube taken from the Leopard sandstone (its whole 100³ where smaller).")
+@_option("--sim-size", default=128, show_default=True, type=click.IntRange(16, 400),
+         help="Edge length of each pore family's simulated volume.")
+@_option("--workdir", default=Path("runs/flow"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the volumes go.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where flow.md and flow.json are written.")
+def bench_flow(cube, sim_size, workdir, outdir):
+    """ctpore analyze --flow (permeability, tortuosity) on an analytic channel, the Leopard sandstone and
+    each pore family, each timed in a process of its own. Writes OUTDIR/flow.md and .json."""
+    from ctpore.pipelines.bench.flow import bench_flow as run
+    from ctpore.pipelines.bench.flow import write_flow_report
+    from ctpore.pipelines.flow import check_flow
+
+    check_flow(cube, (1.0, 1.0, 1.0), True)  # the extra installed, or one line
+    with _Progress("bench flow") as bar:
+        res = run(cube=cube, sim_size=sim_size, workdir=workdir, progress=bar)
+    jpath, mpath = write_flow_report(res, outdir, typed_command(click.get_current_context()))
+    click.echo(f"wrote {mpath} and {jpath}")
+    return EXIT_OK

@@ -8,8 +8,9 @@ it is not (lengths in voxels of the smallest side). A record holds the one that 
 
 from __future__ import annotations
 
+from typing import Optional
 
-__all__ = ["ANALYSIS_FIGURES", "HEADLINE", "analysis_key", "analysis_keys", "analysis_record"]
+__all__ = ["ANALYSIS_FIGURES", "FLOW_FIGURES", "HEADLINE", "analysis_key", "analysis_keys", "analysis_record"]
 
 #: ``(figure, unit kind)``: the figure in :func:`ctpore.pipelines.analysis.analyze_volume`'s result
 #: and how its key is suffixed (None: no unit; "length", "area", "per_length").
@@ -33,27 +34,50 @@ ANALYSIS_FIGURES = (
     ("sample_voxels", None),
 )
 
+#: The flow's figures (:mod:`ctpore.pipelines.flow`), in a record only where the flow was run: the
+#: permeability in m² (voxels² where the units are unknown) and in darcy (only where they are known),
+#: the tortuosity, and the cube they are of (its side and first voxel).
+FLOW_FIGURES = (
+    ("permeability_zyx", "permeability"),
+    ("permeability_zyx", "darcy"),
+    ("tortuosity_zyx", None),
+    ("flow_cube_voxels", None),
+    ("flow_cube_start_zyx", None),
+)
+
 #: The figures that are columns of ``ctpore batch``'s summary.
 HEADLINE = ("specific_surface", "thickness_d50", "connected_porosity", "percolating_porosity_zyx")
 
-_SUFFIX = {"length": ("_mm", "_voxel"), "area": ("_mm2", "_voxel2"), "per_length": ("_per_mm", "_per_voxel")}
+_SUFFIX = {"length": ("_mm", "_voxel"), "area": ("_mm2", "_voxel2"), "per_length": ("_per_mm", "_per_voxel"),
+           "permeability": ("_m2", "_voxel2"), "darcy": ("_darcy", None)}
+#: Where a figure's result is found under a name of its own (the darcy figure of the permeability).
+_SOURCE = {("permeability_zyx", "darcy"): "permeability_darcy_zyx"}
 
 
-def analysis_key(figure: str, kind, known: bool) -> str:
-    """The key of ``figure`` in the record, with the unit suffix that applies."""
+def analysis_key(figure: str, kind, known: bool) -> Optional[str]:
+    """The key of ``figure`` in the record, with the unit suffix that applies (None: the figure has
+    no key in these units, as darcy where the units are unknown)."""
     if kind is None:
         return figure
-    return figure + _SUFFIX[kind][0 if known else 1]
+    suffix = _SUFFIX[kind][0 if known else 1]
+    return None if suffix is None else figure + suffix
 
 
 def analysis_keys() -> list[tuple[str, str]]:
     """``(key, figure)`` for every key a record may hold (both units of a figure with a length),
     the metrics' own ``porosity``, ``euler_number`` and ``sample_voxels`` included."""
-    return [(analysis_key(f, kind, known), f) for f, kind in ANALYSIS_FIGURES
+    keys = [(analysis_key(f, kind, known), _SOURCE.get((f, kind), f)) for f, kind in ANALYSIS_FIGURES + FLOW_FIGURES
             for known in ((True, False) if kind else (True,))]
+    return [(k, f) for k, f in keys if k is not None]
 
 
 def analysis_record(result: dict) -> dict:
     """The figures of ``result`` under their keys, in :data:`ANALYSIS_FIGURES`' order."""
     known = bool(result.get("units_known", True))
-    return {analysis_key(f, kind, known): result.get(f) for f, kind in ANALYSIS_FIGURES}
+    figures = ANALYSIS_FIGURES + (FLOW_FIGURES if "permeability_zyx" in result else ())
+    out = {}
+    for f, kind in figures:
+        key = analysis_key(f, kind, known)
+        if key is not None:
+            out[key] = result.get(_SOURCE.get((f, kind), f))
+    return out

@@ -61,9 +61,11 @@ def analysis_paths(pores: PathLike, outdir: Optional[PathLike] = None) -> dict:
 
 def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[PathLike] = None,
             outdir: Optional[PathLike] = None, memory_gb: Optional[float] = None, overwrite: bool = False,
-            progress: ProgressFn = None) -> dict:
+            progress: ProgressFn = None, flow_cube: Optional[int] = None) -> dict:
     """Analyse the pores in ``pores`` and write the outputs (module docstring); returns the record
-    written to ``<stem>_analysis.json``, with ``outputs`` (what was written)."""
+    written to ``<stem>_analysis.json``, with ``outputs`` (what was written). ``flow_cube``: also the
+    permeability and tortuosity on a cube of that many voxels a side inside the sample
+    (:mod:`ctpore.pipelines.flow`; None: not)."""
     from ctpore.atomic import write_json_atomic
     from ctpore.data.io import load_scan
     from ctpore.data.io.write import volume_writer
@@ -84,9 +86,17 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
     paths["analysis"].parent.mkdir(parents=True, exist_ok=True)
     geom = scan.geometry
     try:
+        cube = None
+        if flow_cube is not None:  # refused before any work: a cube too large or none inside the sample,
+            from ctpore.pipelines.flow import check_flow, choose_cube  # voxels not cubes, no extra
+
+            check_flow(flow_cube, geom.spacing_mm, getattr(geom, "units", "mm") != "unknown")
+            cube = choose_cube(scan.shape, mask, flow_cube)
         with volume_writer(paths["thickness"], geom, "float32") as writer:
             res = analyze_volume(scan, geom, sample=mask, prob=pmap, memory_gb=memory_gb, thickness_writer=writer,
                                  progress=progress)
+        if cube is not None:
+            res.update(_flow(scan, cube, min(geom.spacing_mm) if res["units_known"] else None, progress))
         unit_name = "mm" if res["units_known"] else "voxel"
         write_psd_csv(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_csv"])
         write_psd_png(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_png"], res)
@@ -109,6 +119,18 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
             if s is not None:
                 s.close()
     return record
+
+
+def _flow(scan, cube: tuple, voxel_mm: Optional[float], progress: ProgressFn) -> dict:
+    """The flow's figures on ``cube`` (``((z0, y0, x0), side)``, from
+    :func:`~ctpore.pipelines.flow.choose_cube`) of the pores in ``scan``."""
+    import numpy as np
+
+    from ctpore.pipelines.flow import flow_figures
+
+    (z0, y0, x0), n = cube
+    cube = np.stack([np.asarray(scan[z:z + 1])[0, y0:y0 + n, x0:x0 + n] != 0 for z in range(z0, z0 + n)])
+    return {**flow_figures(cube, voxel_mm, progress), "flow_cube_voxels": n, "flow_cube_start_zyx": [z0, y0, x0]}
 
 
 def analyze_written(paths: dict, memory_gb: Optional[float] = None, progress: ProgressFn = None) -> dict:

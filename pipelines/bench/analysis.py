@@ -32,8 +32,8 @@ import numpy as np
 from ctpore.data.splits import FURTHER_SEED_BASE
 from ctpore.progress import ProgressFn
 
-__all__ = ["ANALYSIS_SEED_BASE", "bench_analysis", "drainage_matches", "map_drainage_d50", "quantiles_match",
-           "plane_area_in_box"]
+__all__ = ["ANALYSIS_SEED_BASE", "bench_analysis", "cpu_name", "drainage_matches", "map_drainage_d50",
+           "plane_area_in_box", "quantiles_match", "run_child"]
 
 #: Seeds of the simulated volumes (the further held-out block, apart from the sample and adapt benches').
 ANALYSIS_SEED_BASE = FURTHER_SEED_BASE + 800_000
@@ -99,7 +99,7 @@ sys.exit(rc)
 """
 
 
-def _child(args: list, timeout: float, env: Optional[dict] = None) -> dict:
+def run_child(args: list, timeout: float, env: Optional[dict] = None) -> dict:
     """Run a child process under a wrapper of its own (so that its peak resident set is its alone):
     wall seconds, peak GB, exit code and the last line of its output."""
     import tempfile
@@ -192,7 +192,7 @@ def _case(name: str, pores: np.ndarray, spacing: tuple, porespy: Optional[str], 
     if porespy is not None:
         src, dst = workdir / f"{name}.npy", workdir / f"{name}_lt.npy"
         np.save(src, pores.astype(np.uint8))
-        run = _child([porespy, "-c", _PORESPY_CHILD, str(src), str(dst)], timeout=3600)
+        run = run_child([porespy, "-c", _PORESPY_CHILD, str(src), str(dst)], timeout=3600)
         if run["rc"] == 0:
             ps_radii = np.load(dst)
             ps = _pore_sizes(ps_radii, unit)
@@ -207,7 +207,7 @@ def _case(name: str, pores: np.ndarray, spacing: tuple, porespy: Optional[str], 
         if got["drainage"] is not None and run["rc"] == 0:  # the drainage curve from the top face
             inlet = got["drainage"]["inlet_slice"]
             dst = workdir / f"{name}_drainage.npy"
-            drun = _child([porespy, "-c", _PORESPY_DRAINAGE, str(src), str(dst), str(inlet)], timeout=3600)
+            drun = run_child([porespy, "-c", _PORESPY_DRAINAGE, str(src), str(dst), str(inlet)], timeout=3600)
             if drun["rc"] == 0:
                 theirs = np.load(dst)
                 row["porespy"]["drainage_d50"] = map_drainage_d50(theirs, int(pores.sum()), unit)
@@ -303,14 +303,14 @@ def _scale(sizes: tuple, porespy: Optional[str], workdir: Path, limit_s: float, 
             img.header.set_xyzt_units("mm")
             nib.save(img, path)
         env = {**os.environ, "CTPORE_NO_PROGRESS": "1"}
-        mine = _child([sys.executable, "-m", "ctpore.app.cli", "analyze", str(path), "-o", str(workdir / f"out_{n}"),
+        mine = run_child([sys.executable, "-m", "ctpore.app.cli", "analyze", str(path), "-o", str(workdir / f"out_{n}"),
                        "--overwrite", "--json"], timeout=limit_s * 8, env=env)
         row = {"size": n, "voxels": n**3, "ctpore": {k: mine[k] for k in ("seconds", "peak_gb", "rc")}}
         if porespy is not None and n <= porespy_max:
             import nibabel as nib
 
             np.save(workdir / f"scale_{n}.npy", np.asarray(nib.load(path).dataobj).T.astype(np.uint8))
-            ps = _child([porespy, "-c", _PORESPY_CHILD, str(workdir / f"scale_{n}.npy"),
+            ps = run_child([porespy, "-c", _PORESPY_CHILD, str(workdir / f"scale_{n}.npy"),
                          str(workdir / f"scale_{n}_lt.npy")], timeout=limit_s)
             row["porespy"] = {k: ps.get(k) for k in ("seconds", "peak_gb", "rc", "timed_out")}
         elif porespy is not None:
@@ -346,10 +346,10 @@ def bench_analysis(sizes: tuple = (256, 512, 1024), sim_size: int = 128, porespy
             progress(i + 1, len(FAMILIES), f"pore sizes: {fam}")
     return {"porespy": porespy is not None, "cases": cases, "surface": _surface_cases(), "workdir": str(workdir),
             "scale": _scale(tuple(sizes), porespy, workdir, limit_s, porespy_max, progress), "sim_size": sim_size,
-            "cpu": _cpu_name()}
+            "cpu": cpu_name()}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
