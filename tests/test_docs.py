@@ -14,7 +14,8 @@ DOCS = ROOT / "docs"
 README_MAX_LINES = 260  # "README at most ~250 lines": a later feature adds a short section that links its own page
 
 # the pages that commands write (each says which command on its first lines): the sources of every figure
-GENERATED = ("benchmark.md", "performance.md", "sample.md", "further/benchmark.md", "adapt.md", "analysis.md", "flow.md")
+GENERATED = ("benchmark.md", "performance.md", "sample.md", "further/benchmark.md", "adapt.md", "analysis.md",
+             "flow.md")
 
 
 def generated_pages() -> dict[str, str]:
