@@ -71,6 +71,7 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
     from ctpore.data.io.write import volume_writer
     from ctpore.pipelines.analysis import analyze_volume
     from ctpore.pipelines.analysis_outputs import write_drainage_csv, write_psd_csv, write_psd_png
+    from ctpore.pipelines.claims import remove_orphan_temps
 
     src = Path(pores)
     paths = analysis_paths(src, outdir)
@@ -84,6 +85,8 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
     mask = load_scan(sample) if sample is not None else None
     pmap = load_scan(prob) if prob is not None else None
     paths["analysis"].parent.mkdir(parents=True, exist_ok=True)
+    for p in paths.values():  # what a killed earlier analysis of these outputs left (not a live run's)
+        remove_orphan_temps(p)
     geom = scan.geometry
     try:
         cube = None
@@ -92,7 +95,7 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
 
             check_flow(flow_cube, geom.spacing_mm, getattr(geom, "units", "mm") != "unknown")
             cube = choose_cube(scan.shape, mask, flow_cube)
-        with volume_writer(paths["thickness"], geom, "float32") as writer:
+        with volume_writer(paths["thickness"], geom, "float32", owned=True) as writer:
             res = analyze_volume(scan, geom, sample=mask, prob=pmap, memory_gb=memory_gb, thickness_writer=writer,
                                  progress=progress)
         if cube is not None:

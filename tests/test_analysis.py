@@ -376,3 +376,23 @@ def test_a_disk_array_reads_and_writes_windows(tmp_path):
     assert np.array_equal(d[:], a) and np.array_equal(d[1:6, 0:4, 5:11], a[1:6, 0:4, 5:11])
     assert np.array_equal(d[3], a[3:4])
     d.close()
+
+
+def test_a_killed_analysiss_temporary_is_removed_and_a_live_ones_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from ctpore.atomic import host_tag
+    from ctpore.pipelines.analysis_run import analyze
+
+    _write(tmp_path / "k_pores.nii.gz", _blobs((20, 24, 24), 3))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid no longer runs
+    orphan = tmp_path / f".k_thickness.tmp-{host_tag()}-{dead.pid}-0badc0de.nii.gz"
+    live = tmp_path / f".k_thickness.tmp-{host_tag()}-{os.getpid()}-0a0a0a0a.nii.gz"  # a run still writing
+    for p in (orphan, live):
+        p.write_bytes(b"partial")
+    analyze(tmp_path / "k_pores.nii.gz")
+    assert not orphan.exists() and live.exists()
+    assert (tmp_path / "k_thickness.nii.gz").exists()

@@ -144,7 +144,7 @@ class SlabWriter:
     """
 
     def __init__(self, path: str | Path, geometry: Geometry, dtype: Any, compresslevel: int = 1,
-                 spool_dir: str | Path | None = None):
+                 spool_dir: str | Path | None = None, owned: bool = False):
         self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
         if not self.path.name.lower().endswith(NIFTI_SUFFIXES):
             raise InputError("a volume written slab by slab must be NIfTI (.nii or .nii.gz)", self.path)
@@ -159,7 +159,7 @@ class SlabWriter:
         img = nifti_image(np.broadcast_to(np.zeros((), self.dtype), geometry.shape), geometry)
         img.update_header()
         self._left = int(geometry.shape[0])
-        self._ctx = atomic_write(self.path)
+        self._ctx = atomic_write(self.path, owned=owned)  # owned: a killed run's temporary can be told
         tmp = self._ctx.__enter__()
         try:
             gz = self.path.name.lower().endswith(".gz")
@@ -218,11 +218,13 @@ class SlabWriter:
         self._ctx.__exit__(exc_type, exc, tb)
 
 
-def volume_writer(path: str | Path, geometry: Geometry, dtype: Any, spool_dir: str | Path | None = None):
+def volume_writer(path: str | Path, geometry: Geometry, dtype: Any, spool_dir: str | Path | None = None,
+                  owned: bool = False):
     """The slab-by-slab writer for ``path``'s format: :class:`SlabWriter` for ``.nii``/``.nii.gz``,
-    :class:`~ctpore.data.io.omezarr_write.OmeZarrWriter` for ``.ome.zarr`` (same use)."""
+    :class:`~ctpore.data.io.omezarr_write.OmeZarrWriter` for ``.ome.zarr`` (same use). ``owned``:
+    a NIfTI's temporary carries this process's host and pid (:func:`ctpore.atomic.atomic_write`)."""
     from ctpore.data.io.omezarr_write import OME_ZARR_SUFFIX, OmeZarrWriter
 
     if str(path).lower().endswith(OME_ZARR_SUFFIX):
         return OmeZarrWriter(path, geometry, dtype)
-    return SlabWriter(path, geometry, dtype, spool_dir=spool_dir)
+    return SlabWriter(path, geometry, dtype, spool_dir=spool_dir, owned=owned)
