@@ -20,7 +20,8 @@ from typing import Any, Iterator
 
 from ctpore.errors import InputError
 
-__all__ = ["atomic_write", "write_json_atomic", "host_tag", "owner_tag", "parse_owner", "temp_parts"]
+__all__ = ["atomic_write", "host_tag", "owner_tag", "parse_owner", "temp_parts", "write_json_atomic",
+           "write_lines_atomic"]
 
 
 def host_tag() -> str:
@@ -113,4 +114,13 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
         with open(tmp, "w") as fh:
             json.dump(obj, fh, indent=2)
             fh.write("\n")
+    return path
+
+
+def write_lines_atomic(path: str | os.PathLike, lines: list[str]) -> Path:
+    """Write ``lines`` (a report's Markdown, say), one per line with a final newline, to ``path``,
+    whole or not at all."""
+    path = Path(path)
+    with atomic_write(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
     return path

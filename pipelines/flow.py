@@ -200,10 +200,13 @@ def flow_figures(pores: np.ndarray, voxel_mm: Optional[float], progress: Progres
         import porespy as ps
 
         ps.settings.tqdm["disable"] = True
+        from scipy import ndimage as ndi
+
+        lab = ndi.label(im)[0]  # 6-connected pore paths: what a diffusion or a flow through the voxels needs
         for axis in range(3):
             if progress is not None:
                 progress(axis, 3, "flow")
-            crosses = _crosses(im, axis)
+            crosses = _crosses(lab, axis)
             perm.append(_permeability(im, axis, voxel_m) if crosses else None)
             tort.append(_tortuosity(im, axis) if crosses else None)
     if progress is not None:
@@ -212,14 +215,9 @@ def flow_figures(pores: np.ndarray, voxel_mm: Optional[float], progress: Progres
     return {"permeability_zyx": perm, "permeability_darcy_zyx": darcy, "tortuosity_zyx": tort}
 
 
-def _crosses(im: np.ndarray, axis: int) -> bool:
-    """Whether a 6-connected pore path joins the cube's two faces along ``axis`` (what a diffusion or
-    a flow through the voxels needs)."""
-    from scipy import ndimage as ndi
-
-    lab, n = ndi.label(im)
-    if not n:
-        return False
+def _crosses(lab: np.ndarray, axis: int) -> bool:
+    """Whether a component of ``lab`` (the cube's 6-connected pore components) joins the cube's two
+    faces along ``axis``."""
     a = np.unique(np.take(lab, 0, axis=axis))
     b = np.unique(np.take(lab, -1, axis=axis))
     return bool(np.intersect1d(a[a > 0], b[b > 0]).size)

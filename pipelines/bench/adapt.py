@@ -199,7 +199,7 @@ def adapt_picture(fig: dict, path: Path) -> None:
 
 def write_adapt_report(res: dict, outdir: Path, command: str) -> tuple[Path, Path]:
     """``adapt.json`` and ``adapt.md`` in ``outdir``: the means per method and every case."""
-    from ctpore.atomic import atomic_write, write_json_atomic
+    from ctpore.atomic import write_json_atomic, write_lines_atomic
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -230,6 +230,5 @@ def write_adapt_report(res: dict, outdir: Path, command: str) -> tuple[Path, Pat
             lines.append(f"| {c['seed']} | {c['family']} | {c['labeller']} | {name} | {m['mse']:.4f} | "
                          f"{m['dice']:.3f} | {m['euler_error']} |")
     mpath = outdir / "adapt.md"
-    with atomic_write(mpath) as tmp:
-        Path(tmp).write_text("\n".join(lines) + "\n")
+    write_lines_atomic(mpath, lines)
     return jpath, mpath

@@ -13,7 +13,7 @@ __all__ = ["write_analysis_report"]
 
 def write_analysis_report(res: dict, outdir: Path, command: str) -> tuple[Path, Path]:
     """``analysis.json`` and ``analysis.md`` in ``outdir``."""
-    from ctpore.atomic import atomic_write, write_json_atomic
+    from ctpore.atomic import write_json_atomic, write_lines_atomic
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -86,6 +86,5 @@ def write_analysis_report(res: dict, outdir: Path, command: str) -> tuple[Path, 
         lines.append(f"| {s['size']}³ | {f(s['ctpore']['seconds'])} | {f(s['ctpore']['peak_gb'])} | {pst} | "
                      f"{f(ps.get('peak_gb'))} |")
     mpath = outdir / "analysis.md"
-    with atomic_write(mpath) as tmp:
-        Path(tmp).write_text("\n".join(lines) + "\n")
+    write_lines_atomic(mpath, lines)
     return jpath, mpath

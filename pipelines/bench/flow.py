@@ -17,12 +17,13 @@ from typing import Optional
 
 import numpy as np
 
+from ctpore.data.splits import FURTHER_SEED_BASE
 from ctpore.progress import ProgressFn
 
 __all__ = ["FLOW_SEED_BASE", "bench_flow", "write_flow_report"]
 
-#: The simulated volumes' seeds (apart from every other benchmark's).
-FLOW_SEED_BASE = 2_950_000
+#: The simulated volumes' seeds (the further held-out block, apart from the other benches').
+FLOW_SEED_BASE = FURTHER_SEED_BASE + 950_000
 
 _CHILD = """
 import json, sys, time, numpy as np
@@ -95,7 +96,7 @@ def bench_flow(cube: int = 200, sim_size: int = 128, workdir: Path = Path("runs/
 
 def write_flow_report(res: dict, outdir: Path, command: str) -> tuple[Path, Path]:
     """``flow.json`` and ``flow.md`` in ``outdir``."""
-    from ctpore.atomic import atomic_write, write_json_atomic
+    from ctpore.atomic import write_json_atomic, write_lines_atomic
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +130,5 @@ def write_flow_report(res: dict, outdir: Path, command: str) -> tuple[Path, Path
                   f"{ch['permeability_zyx'][0] / ch['poiseuille_m2']:.2f}; the network idealizes a tube as "
                   f"pyramids and cuboids); its tortuosity is {f(ch['tortuosity_zyx'][0])} (a straight path: 1)."]
     mpath = outdir / "flow.md"
-    with atomic_write(mpath) as tmp:
-        tmp.write_text("\n".join(lines) + "\n")
+    write_lines_atomic(mpath, lines)
     return jpath, mpath

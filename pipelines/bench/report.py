@@ -9,7 +9,7 @@ from typing import Union
 
 import numpy as np
 
-from ctpore.atomic import atomic_write
+from ctpore.atomic import atomic_write, write_lines_atomic
 from ctpore.data.normalize import normalize_volume
 from ctpore.data.splits import BENCH_SEED_BASE
 from ctpore.pipelines.bench.quality import LABELS
@@ -164,8 +164,7 @@ def write_report(result: dict, outdir: Union[str, os.PathLike], command: str) ->
         lines += ["", "![slices with pores in red, one column per method](real_scan.png)", "",
                   "Columns: the scan, then " + ", ".join(LABELS[m] for m in real["methods"]) + "; rows: slices at "
                   "1/4, 1/2 and 3/4 of the stack."]
-    with atomic_write(outdir / "benchmark.md") as tmp:
-        tmp.write_text("\n".join(lines) + "\n")
+    write_lines_atomic(outdir / "benchmark.md", lines)
     js = {k: v for k, v in result.items() if k != "real"}
     if real:
         js["real"] = {k: real[k] for k in ("path", "about", "shape", "dtype", "methods") if k in real}

@@ -26,7 +26,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ctpore.atomic import atomic_write
+from ctpore.atomic import atomic_write, write_lines_atomic
 from ctpore.data.splits import FURTHER_SEED_BASE, check_bench_seeds
 from ctpore.progress import ProgressFn
 
@@ -230,6 +230,5 @@ def write_sample_report(result: dict, outdir: Union[str, os.PathLike], command: 
                       "`ctpore reconstruct` draws it in `<stem>_sample.png`)."]
     with atomic_write(outdir / "sample.json") as tmp, open(tmp, "w") as fh:
         json.dump({**result, "timings": timings or {}}, fh, indent=1)
-    with atomic_write(outdir / "sample.md") as tmp:
-        Path(tmp).write_text("\n".join(lines) + "\n")
+    write_lines_atomic(outdir / "sample.md", lines)
     return outdir / "sample.md"

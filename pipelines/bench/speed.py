@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ctpore.atomic import atomic_write, write_json_atomic
+from ctpore.atomic import atomic_write, write_json_atomic, write_lines_atomic
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
@@ -295,8 +295,7 @@ def write_performance(res: dict, outdir: str | Path = "docs", command: str = "ct
         "writes its figures step by step to `gpu.json`; copied to `docs/gpu.json`, they appear here (flash",
         "vs sdpa agreement, voxels per second, GPU peak memory) at the next `ctpore bench speed`."]
     path = outdir / "performance.md"
-    with atomic_write(path) as tmp:
-        tmp.write_text("\n".join(lines) + "\n")
+    write_lines_atomic(path, lines)
     return path
 
 
