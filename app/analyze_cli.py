@@ -65,10 +65,12 @@ def analyze(pores, sample, prob, outdir, memory_gb, flow, flow_cube, overwrite, 
     if as_json:
         click.echo(json.dumps(rec, indent=2))
         return EXIT_OK
-    skip = {"source", "sample", "prob", "outputs", "faces_zyx", "memory_gb", "thickness_map_unit"}
+    skip = {"source", "sample", "prob", "outputs", "faces_zyx", "memory_gb", "thickness_map_unit", "ranges_by_level"}
     width = max(len(k) for k in rec if k not in skip)
     for k, v in rec.items():
         if k not in skip:
-            click.echo(f"{k:<{width}}  {_fmt(v)}")
+            raw = k == "porosity_range" and v is None
+            why = "  (they need the raw map: ctpore reconstruct --analyze)" if raw else ""
+            click.echo(f"{k:<{width}}  {_fmt(v)}{why}")
     click.echo(f"-> {rec['outputs']['analysis']}")
     return EXIT_OK

@@ -123,5 +123,8 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
         if analyze:
             unit = "mm" if "thickness_d50_mm" in m else "voxel"
             line += (f"  d50 {m.get(f'thickness_d50_{unit}')} {unit}  connected {m.get('connected_porosity', 0):.4f}")
+            if m.get("porosity_range"):  # over the calibrated probability's levels 0.3 to 0.7
+                lo, hi = m["porosity_range"]
+                line += f"  porosity {lo:.4f}-{hi:.4f} at p 0.3-0.7"
         click.echo(line)
     return EXIT_INPUT if failed else EXIT_OK

@@ -31,6 +31,10 @@ ANALYSIS_FIGURES = (
     ("percolating_porosity_zyx", None),
     ("percolates_zyx", None),
     ("porosity_expected", None),
+    ("porosity_range", None),
+    ("euler_number_range", None),
+    ("percolating_porosity_range", None),
+    ("ranges_by_level", None),
     ("sample_voxels", None),
 )
 

@@ -61,11 +61,13 @@ def analysis_paths(pores: PathLike, outdir: Optional[PathLike] = None) -> dict:
 
 def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[PathLike] = None,
             outdir: Optional[PathLike] = None, memory_gb: Optional[float] = None, overwrite: bool = False,
-            progress: ProgressFn = None, flow_cube: Optional[int] = None) -> dict:
+            progress: ProgressFn = None, flow_cube: Optional[int] = None, ranges: Optional[dict] = None) -> dict:
     """Analyse the pores in ``pores`` and write the outputs (module docstring); returns the record
     written to ``<stem>_analysis.json``, with ``outputs`` (what was written). ``flow_cube``: also the
     permeability and tortuosity on a cube of that many voxels a side inside the sample
-    (:mod:`ctpore.pipelines.flow`; None: not)."""
+    (:mod:`ctpore.pipelines.flow`; None: not). ``ranges``: the reconstruction's figures over the
+    levels of the probability (:func:`~ctpore.pipelines.ranges.threshold_ranges`), which need its raw
+    map; without them those keys are null."""
     from ctpore.atomic import write_json_atomic
     from ctpore.data.io import load_scan
     from ctpore.data.io.write import volume_writer
@@ -100,6 +102,10 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
                                  progress=progress)
         if cube is not None:
             res.update(_flow(scan, cube, min(geom.spacing_mm) if res["units_known"] else None, progress))
+        if ranges is not None:
+            from ctpore.pipelines.ranges import RANGE_FIGURES
+
+            res.update({k: ranges.get(k) for k in RANGE_FIGURES + ("ranges_by_level",)})
         unit_name = "mm" if res["units_known"] else "voxel"
         write_psd_csv(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_csv"])
         write_psd_png(res["psd_counts"], res["unit"] or 1.0, unit_name, paths["psd_png"], res)
@@ -136,14 +142,16 @@ def _flow(scan, cube: tuple, voxel_mm: Optional[float], progress: ProgressFn) ->
     return {**flow_figures(cube, voxel_mm, progress), "flow_cube_voxels": n, "flow_cube_start_zyx": [z0, y0, x0]}
 
 
-def analyze_written(paths: dict, memory_gb: Optional[float] = None, progress: ProgressFn = None) -> dict:
+def analyze_written(paths: dict, memory_gb: Optional[float] = None, progress: ProgressFn = None,
+                    ranges: Optional[dict] = None) -> dict:
     """:func:`analyze` of the pores a reconstruction just wrote (``paths``: its output paths), beside
     them; returns the figures to add to its metrics (those the metrics hold already left out) and
-    ``analysis``, the record's path."""
+    ``analysis``, the record's path. ``ranges``: the reconstruction's metrics, which hold its ranges
+    over the probability's levels."""
     from ctpore.data.metrics import METRICS
 
     sample = paths["sample"] if Path(paths["sample"]).exists() else None
     rec = analyze(paths["pores"], sample=sample, prob=paths["prob"], outdir=Path(paths["pores"]).parent,
-                  memory_gb=memory_gb, overwrite=True, progress=progress)
+                  memory_gb=memory_gb, overwrite=True, progress=progress, ranges=ranges)
     own = {m.key for m in METRICS if m.group == "analysis"}
     return {**{k: v for k, v in rec.items() if k in own}, "analysis": rec["outputs"]["analysis"]}

@@ -267,7 +267,8 @@ def reconstruct_file(
     mask of the same stem that this run does not replace is removed, so the files of a stem are
     always one run's. ``analyze``: also ``ctpore analyze``'s outputs of the pores written
     (:mod:`ctpore.pipelines.analysis_run`: ``<stem>_analysis.json``, the thickness map, the pore-size
-    table and plot), its figures in the metrics too.
+    table and plot), its figures in the metrics too, with the ranges of the porosity, Euler number and
+    percolating porosity over five levels of the probability (:mod:`ctpore.pipelines.ranges`).
 
     Returns
     -------
@@ -297,13 +298,13 @@ def reconstruct_file(
                 scan, scan.geometry, predictor, FileSink(paths, scan.geometry), folder=disk.folder,
                 truth=truth, slice_axis=slice_axis, memory_gb=memory_gb, chunk_slices=chunk_slices, tile=tile,
                 precision=precision, min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
-                sample=sample, source=str(scan_path), progress=progress, sample_margin=sample_margin)
+                sample=sample, source=str(scan_path), progress=progress, sample_margin=sample_margin, ranges=analyze)
             stale = other_format_outputs(paths) + ([paths["sample"], paths["sample_png"]]
                                                    if not metrics["sample"]["outside_voxels"] else [])
             for p in stale:  # an earlier run's (--overwrite): the files of a stem are one run's
                 remove_tree(p)
             if analyze:
-                metrics.update(analyze_written(paths, memory_gb=memory_gb, progress=progress))
+                metrics.update(analyze_written(paths, memory_gb=memory_gb, progress=progress, ranges=metrics))
             _finish(metrics, scan.geometry, str(scan_path), t0)
             metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole

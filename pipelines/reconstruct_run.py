@@ -52,6 +52,7 @@ def run_reconstruction(
     source: str = "the scan",
     progress: ProgressFn = None,
     sample_margin: int = 0,
+    ranges: bool = False,
 ) -> dict:
     """The pipeline every entry runs (see the module docstring); returns the metrics.
 
@@ -83,6 +84,9 @@ def run_reconstruction(
         How warnings name the scan.
     sample_margin : int
         Erode the sample by this many voxels within each slice (a damaged rim).
+    ranges : bool
+        Also the porosity, Euler number and percolating porosity with the pores re-derived at five
+        levels of the calibrated probability, and their ranges (:mod:`ctpore.pipelines.ranges`).
     """
     shape = tuple(int(s) for s in geometry.shape)
     run_plan = plan_run(shape, predictor, memory_gb, gpu_memory_gb, tile=tile, chunk_slices=chunk_slices,
@@ -151,6 +155,12 @@ def run_reconstruction(
             lap("predict")
             with sink.open(with_sample=outside is not None):
                 post.run(read, shape, slab, on_slab, progress)
+            if ranges:  # while the raw map is still there
+                from ctpore.pipelines.ranges import threshold_ranges
+
+                codes = None if outside is None else (lambda a, b: np.asarray(smask.codes[a:b]))
+                spread = threshold_ranges(lambda a, b: sink.read(raw, a, b), codes, shape, post, slab, progress)
+                lap("ranges")
             if "inside" in picture and getattr(sink, "paths", None) is not None:
                 grey = np.asarray(volume[middle: middle + 1], np.float32)[0]
                 write_sample_picture(sink.paths["sample_png"], grey, picture["inside"], lo, hi)
@@ -180,6 +190,8 @@ def run_reconstruction(
                           "<stem>_sample.png, drop a rim with --sample-margin N, or give your own mask (--sample MASK)",
                           CtporeWarning, stacklevel=2)
     metrics["porosity_if_region_is_pore"] = _if_region_is_pore(metrics, acc, smask, source)
+    if ranges:
+        metrics.update(spread)
     metrics["stage_seconds"] = stages
     return metrics
 
