@@ -155,16 +155,16 @@ def run_reconstruction(
             lap("predict")
             with sink.open(with_sample=outside is not None):
                 post.run(read, shape, slab, on_slab, progress)
+            if "inside" in picture and getattr(sink, "paths", None) is not None:
+                grey = np.asarray(volume[middle: middle + 1], np.float32)[0]
+                write_sample_picture(sink.paths["sample_png"], grey, picture["inside"], lo, hi)
+            lap("postprocess_and_write")
             if ranges:  # while the raw map is still there
                 from ctpore.pipelines.ranges import threshold_ranges
 
                 codes = None if outside is None else (lambda a, b: np.asarray(smask.codes[a:b]))
                 spread = threshold_ranges(lambda a, b: sink.read(raw, a, b), codes, shape, post, slab, progress)
                 lap("ranges")
-            if "inside" in picture and getattr(sink, "paths", None) is not None:
-                grey = np.asarray(volume[middle: middle + 1], np.float32)[0]
-                write_sample_picture(sink.paths["sample_png"], grey, picture["inside"], lo, hi)
-            lap("postprocess_and_write")
     finally:
         if truth_reader is not None:
             truth_reader.close()
