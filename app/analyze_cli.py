@@ -42,7 +42,7 @@ def _fmt(v) -> str:
 @_option("--flow", is_flag=True, show_default=True,
          help="Also the permeability (PoreSpy's snow2 network, OpenPNM's Stokes flow) and the tortuosity along "
               "each axis, on a cube inside the sample (needs the analysis extra).")
-@_option("--flow-cube", type=int, default=200, show_default=True,
+@_option("--flow-cube", type=int, default=None, show_default="200, or the largest that fits --memory-gb",
          help="The side of that cube in voxels (16 to 400), centred on the sample.")
 @_option("--overwrite", is_flag=True, show_default=True, help="Replace outputs of an earlier analysis.")
 @_option("--json", "as_json", is_flag=True, show_default=True, help="Print the record as JSON.")
@@ -61,7 +61,7 @@ def analyze(pores, sample, prob, outdir, memory_gb, flow, flow_cube, overwrite, 
 
     with _Progress("analyze") as bar:
         rec = run(pores, sample=sample, prob=prob, outdir=outdir, memory_gb=memory_gb, overwrite=overwrite,
-                  progress=bar, flow_cube=flow_cube if flow else None)
+                  progress=bar, flow_cube=(flow_cube if flow_cube is not None else "auto") if flow else None)
     if as_json:
         click.echo(json.dumps(rec, indent=2))
         return EXIT_OK

@@ -61,13 +61,16 @@ def analysis_paths(pores: PathLike, outdir: Optional[PathLike] = None) -> dict:
 
 def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[PathLike] = None,
             outdir: Optional[PathLike] = None, memory_gb: Optional[float] = None, overwrite: bool = False,
-            progress: ProgressFn = None, flow_cube: Optional[int] = None, ranges: Optional[dict] = None) -> dict:
+            progress: ProgressFn = None, flow_cube: Optional[Union[int, str]] = None,
+            ranges: Optional[dict] = None) -> dict:
     """Analyse the pores in ``pores`` and write the outputs (module docstring); returns the record
     written to ``<stem>_analysis.json``, with ``outputs`` (what was written). ``flow_cube``: also the
     permeability and tortuosity on a cube of that many voxels a side inside the sample
-    (:mod:`ctpore.pipelines.flow`; None: not). ``ranges``: the reconstruction's figures over the
-    levels of the probability (:func:`~ctpore.pipelines.ranges.threshold_ranges`), which need its raw
-    map; without them those keys are null."""
+    (:mod:`ctpore.pipelines.flow`; ``"auto"``: the default side, or the largest that fits
+    ``memory_gb``; None: no flow); a side given that does not fit ``memory_gb`` is refused.
+    ``ranges``: the reconstruction's figures over the levels of the probability
+    (:func:`~ctpore.pipelines.ranges.threshold_ranges`), which need its raw map; without them those
+    keys are null."""
     from ctpore.atomic import write_json_atomic
     from ctpore.data.io import load_scan
     from ctpore.data.io.write import volume_writer
@@ -92,11 +95,14 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
     geom = scan.geometry
     try:
         cube = None
-        if flow_cube is not None:  # refused before any work: a cube too large or none inside the sample,
-            from ctpore.pipelines.flow import check_flow, choose_cube  # voxels not cubes, no extra
+        if flow_cube is not None:  # refused before any work: a cube too large (or beyond the memory
+            # budget) or none inside the sample, voxels not cubes, no extra
+            from ctpore.pipelines.flow import DEFAULT_CUBE, check_flow, choose_cube, flow_side
 
-            check_flow(flow_cube, geom.spacing_mm, getattr(geom, "units", "mm") != "unknown")
-            cube = choose_cube(scan.shape, mask, flow_cube)
+            asked = None if flow_cube == "auto" else int(flow_cube)
+            check_flow(DEFAULT_CUBE if asked is None else asked, geom.spacing_mm,
+                       getattr(geom, "units", "mm") != "unknown")
+            cube = choose_cube(scan.shape, mask, flow_side(memory_gb, asked))
         with volume_writer(paths["thickness"], geom, "float32", owned=True) as writer:
             res = analyze_volume(scan, geom, sample=mask, prob=pmap, memory_gb=memory_gb, thickness_writer=writer,
                                  progress=progress)

@@ -34,7 +34,8 @@ import numpy as np
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
-__all__ = ["DARCY_M2", "DEFAULT_CUBE", "MAX_CUBE", "MIN_CUBE", "check_flow", "choose_cube", "flow_figures"]
+__all__ = ["DARCY_M2", "DEFAULT_CUBE", "FLOW_BASE_GIB", "FLOW_BYTES_PER_VOXEL", "MAX_CUBE", "MIN_CUBE", "check_flow",
+           "choose_cube", "flow_figures", "flow_gib", "flow_side"]
 
 #: One darcy in m².
 DARCY_M2 = 9.869233e-13
@@ -46,6 +47,12 @@ DEFAULT_CUBE = 200
 MAX_CUBE = 400
 #: The smallest side worth a flow figure.
 MIN_CUBE = 16
+#: The flow's peak memory, as ``ctpore bench flow`` measures it (each case a process of its own,
+#: docs/flow.json): the process with PoreSpy and OpenPNM loaded, and the network's and the solvers'
+#: bytes per voxel of the cube, taken from the most demanding case (a bicontinuous medium of
+#: porosity 0.42 at 200^3: 3.96 GiB).
+FLOW_BASE_GIB = 0.45
+FLOW_BYTES_PER_VOXEL = 480
 
 
 def check_flow(cube: int, spacing_mm, units_known: bool) -> None:
@@ -66,6 +73,34 @@ def check_flow(cube: int, spacing_mm, units_known: bool) -> None:
     except ImportError as e:
         raise InputError(f"the flow needs PoreSpy and OpenPNM ({e.name} is not installed): "
                          f"pip install \"ctpore[analysis]\"") from None
+
+
+def flow_gib(side: int) -> float:
+    """The flow's expected peak memory (GiB) on a cube of ``side`` voxels (:data:`FLOW_BYTES_PER_VOXEL`)."""
+    return FLOW_BASE_GIB + FLOW_BYTES_PER_VOXEL * float(side) ** 3 / 2**30
+
+
+def flow_side(memory_gb: Optional[float], side: Optional[int] = None) -> int:
+    """The cube's side under a memory budget of ``memory_gb`` (the whole process, GiB; None: no
+    bound): ``side`` when given and it fits (refused in one line when it does not, naming the side
+    that fits and the budget it needs), else :data:`DEFAULT_CUBE` or the largest side that fits."""
+    want = DEFAULT_CUBE if side is None else int(side)
+    if memory_gb is None or flow_gib(want) <= memory_gb:
+        return want
+    room = (memory_gb - FLOW_BASE_GIB) * 2**30 / FLOW_BYTES_PER_VOXEL
+    fit = int(math.floor(room ** (1.0 / 3.0))) if room > 0 else 0
+    while fit > 0 and flow_gib(fit) > memory_gb:  # the cube root's rounding
+        fit -= 1
+    need = math.ceil(flow_gib(want) * 10) / 10
+    if fit < MIN_CUBE:
+        raise InputError(f"--memory-gb {memory_gb:g} leaves no room for the flow (its smallest cube, "
+                         f"{MIN_CUBE}^3, needs about {flow_gib(MIN_CUBE):.1f} GB): give --memory-gb {need:g}, or "
+                         "leave out --flow")
+    if side is not None:
+        raise InputError(f"--flow-cube {want} needs about {need:g} GB for the flow (its pore network and "
+                         f"solver), above --memory-gb {memory_gb:g}: give --flow-cube {fit} or less, or "
+                         f"--memory-gb {need:g}")
+    return fit
 
 
 def choose_cube(shape, sample: Any = None, side: int = DEFAULT_CUBE) -> tuple[tuple[int, int, int], int]:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
 
 from ctpore.errors import InputError
-from ctpore.pipelines.flow import DARCY_M2, MAX_CUBE, check_flow, choose_cube
+from ctpore.pipelines.flow import DARCY_M2, MAX_CUBE, MIN_CUBE, check_flow, choose_cube
 
 
 def _needs_extra():
@@ -156,6 +157,46 @@ def test_a_cube_too_large_is_refused_in_one_line_and_nothing_is_written(tmp_path
     _write(tmp_path / "b_pores.nii.gz", np.ones((20, 20, 20), np.uint8))
     with pytest.raises(SystemExit) as exc:
         main(["analyze", str(tmp_path / "b_pores.nii.gz"), "--flow", "--flow-cube", str(MAX_CUBE + 100)])
+    assert exc.value.code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b_pores.nii.gz"]
+
+
+def test_the_flows_memory_estimate_covers_every_peak_the_bench_measured():
+    """The estimate that bounds the flow by --memory-gb is at or above each peak ``ctpore bench flow``
+    measured (docs/flow.json: each case a process of its own), and within 60% of the largest."""
+    from ctpore.pipelines.flow import flow_gib
+
+    bench = json.loads((Path(__file__).resolve().parents[1] / "docs" / "flow.json").read_text())
+    cases = [c for c in bench["cases"] if c.get("peak_gb")]
+    assert cases
+    side = {c["name"]: min(bench["cube"], *c["shape"]) for c in cases}  # the cube each ran on
+    for c in cases:
+        assert flow_gib(side[c["name"]]) >= c["peak_gb"], c["name"]
+    top = max(cases, key=lambda c: c["peak_gb"])
+    assert flow_gib(side[top["name"]]) <= 1.6 * top["peak_gb"]
+
+
+def test_the_cube_fits_the_memory_budget_or_is_refused():
+    from ctpore.pipelines.flow import DEFAULT_CUBE, flow_gib, flow_side
+
+    assert flow_side(None) == DEFAULT_CUBE and flow_side(None, 300) == 300  # no budget: as asked
+    for gb in (1.0, 1.5, 3.0):
+        n = flow_side(gb)  # the default shrinks to the largest cube that fits
+        assert MIN_CUBE <= n < DEFAULT_CUBE and flow_gib(n) <= gb < flow_gib(n + 1)
+        assert flow_side(gb, n) == n
+        with pytest.raises(InputError, match=rf"--flow-cube {n + 1} needs about .* give --flow-cube {n} or less"):
+            flow_side(gb, n + 1)
+    assert flow_side(64.0) == DEFAULT_CUBE
+    with pytest.raises(InputError, match="no room for the flow"):
+        flow_side(0.45)
+
+
+def test_a_cube_beyond_the_memory_budget_is_refused_before_any_work(tmp_path):
+    from ctpore.app.cli import main
+
+    _write(tmp_path / "b_pores.nii.gz", np.ones((20, 20, 20), np.uint8))
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(tmp_path / "b_pores.nii.gz"), "--flow", "--flow-cube", "300", "--memory-gb", "2"])
     assert exc.value.code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b_pores.nii.gz"]
 
