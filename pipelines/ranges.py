@@ -111,7 +111,7 @@ def threshold_ranges(read_raw: Callable[[int, int], np.ndarray], codes: Optional
     thresholds = raw_thresholds(post.calibration)
     rows = []
     for k, t in enumerate(thresholds):
-        rule = replace(post, threshold=float(t))
+        rule = replace(post, threshold=float(t), calibration=None)  # the pores only: no map to calibrate
 
         def read(a, b, t=t):
             prob = read_raw(a, b)
