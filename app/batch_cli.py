@@ -52,8 +52,10 @@ __all__ = ["batch"]
 @_option("--analyze", is_flag=True, show_default=True,
          help="Also analyse each scan's pores as ctpore analyze does (pore sizes, surface, connected and "
               "percolating porosity); the figures reach the metrics and the summary's columns.")
+@_option("--flow", is_flag=True, show_default=True,
+         help="Also the permeability and tortuosity of each scan, as reconstruct --flow; implies --analyze.")
 def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, method, weights, memory_gb,
-          gpu_memory_gb, verbose, sample, sample_margin, tmp_dir, output_format, analyze):
+          gpu_memory_gb, verbose, sample, sample_margin, tmp_dir, output_format, analyze, flow):
     """Reconstruct every scan of MANIFEST on a Dask cluster; resumable (done scans are skipped).
 
     MANIFEST: a text file of scan paths, one a line, or a CSV with a 'scan' column and optional
@@ -78,7 +80,8 @@ def batch(manifest, outdir, scheduler, workers, gpus_per_worker, retries, part, 
                         verbose=verbose, options={"method": method, "weights": weights, "memory_gb": memory_gb,
                                                   "gpu_memory_gb": gpu_memory_gb, "sample": sample,
                                                   "sample_margin": sample_margin, "tmp_dir": tmp_dir,
-                                                  "output_format": output_format, "analyze": analyze})
+                                                  "output_format": output_format, "analyze": analyze or flow,
+                                                  **({"flow": True} if flow else {})})
     s = summarize(res["records"])
     click.echo(final_line(s, outdir, SUMMARY_NAME))
     return EXIT_PARTIAL if s["failed"] else EXIT_OK

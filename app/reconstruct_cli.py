@@ -70,9 +70,12 @@ __all__ = ["reconstruct"]
 @_option("--analyze", is_flag=True, show_default=True,
          help="Also write what ctpore analyze writes of the pores (<stem>_analysis.json, the thickness map, the "
               "pore-size table and plot); its figures go in the metrics too.")
+@_option("--flow", is_flag=True, show_default=True,
+         help="Also the permeability and tortuosity per axis (as ctpore analyze --flow) on the largest cube up to "
+              "200^3 inside the sample that fits --memory-gb (needs the analysis extra); implies --analyze.")
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
                 chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, sample_margin, tmp_dir,
-                output_format, analyze):
+                output_format, analyze, flow):
     """Reconstruct the 3D pores of SCANS (NIfTI, TIFF, HDF, MetaImage, NRRD or OME-Zarr files, or folders of slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
@@ -109,7 +112,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
                     min_pore_voxels=min_pore_voxels, gpu_memory_gb=gpu_memory_gb,
                     sample=sample if sample in ("auto", "all") else Path(sample), tmp_dir=tmp_dir,
-                    output_format=output_format, sample_margin=sample_margin, analyze=analyze,
+                    output_format=output_format, sample_margin=sample_margin, analyze=analyze, flow=flow,
                 )
         except InputError as exc:
             _error(str(exc))
@@ -120,11 +123,15 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                 f"  pores {m['n_pores']}  [{m['method']}, {m['seconds']:.1f} s]")
         if "dice" in m:
             line += f"  Dice {m['dice']:.4f}  MSE {m['mse']:.5f}"
-        if analyze:
+        if analyze or flow:
             unit = "mm" if "thickness_d50_mm" in m else "voxel"
             line += (f"  d50 {m.get(f'thickness_d50_{unit}')} {unit}  connected {m.get('connected_porosity', 0):.4f}")
             if m.get("porosity_range"):  # over the calibrated probability's levels 0.3 to 0.7
                 lo, hi = m["porosity_range"]
                 line += f"  porosity {lo:.4f}-{hi:.4f} at p 0.3-0.7"
+        if flow:  # the permeability along Z (the flow's cube in the record)
+            k = m.get("permeability_zyx_darcy") or m.get("permeability_zyx_voxel2") or [None]
+            unit = "D" if "permeability_zyx_darcy" in m else "voxel^2"
+            line += f"  k_z {k[0]:.4g} {unit}" if k[0] is not None else "  k_z -"
         click.echo(line)
     return EXIT_INPUT if failed else EXIT_OK

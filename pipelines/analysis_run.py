@@ -17,12 +17,13 @@ name them: ``surface_area_mm2`` or ``surface_area_voxel2``, ``specific_surface_p
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
 from ctpore.data.analysis_keys import analysis_record
 from ctpore.data.io import output_stem
-from ctpore.errors import InputError
+from ctpore.errors import CtporeWarning, InputError
 from ctpore.progress import ProgressFn
 
 __all__ = ["analysis_paths", "beside", "analyze", "analyze_written"]
@@ -62,7 +63,7 @@ def analysis_paths(pores: PathLike, outdir: Optional[PathLike] = None) -> dict:
 def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[PathLike] = None,
             outdir: Optional[PathLike] = None, memory_gb: Optional[float] = None, overwrite: bool = False,
             progress: ProgressFn = None, flow_cube: Optional[Union[int, str]] = None,
-            ranges: Optional[dict] = None) -> dict:
+            ranges: Optional[dict] = None, flow_optional: bool = False) -> dict:
     """Analyse the pores in ``pores`` and write the outputs (module docstring); returns the record
     written to ``<stem>_analysis.json``, with ``outputs`` (what was written). ``flow_cube``: also the
     permeability and tortuosity on a cube of that many voxels a side inside the sample
@@ -70,7 +71,8 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
     ``memory_gb``; None: no flow); a side given that does not fit ``memory_gb`` is refused.
     ``ranges``: the reconstruction's figures over the levels of the probability
     (:func:`~ctpore.pipelines.ranges.threshold_ranges`), which need its raw map; without them those
-    keys are null."""
+    keys are null. ``flow_optional``: a sample with no cube inside it gives null flow figures and a
+    warning instead of the refusal (after a reconstruction, whose work is not to be lost)."""
     from ctpore.atomic import write_json_atomic
     from ctpore.data.io import load_scan
     from ctpore.data.io.write import volume_writer
@@ -102,12 +104,22 @@ def analyze(pores: PathLike, sample: Optional[PathLike] = None, prob: Optional[P
             asked = None if flow_cube == "auto" else int(flow_cube)
             check_flow(DEFAULT_CUBE if asked is None else asked, geom.spacing_mm,
                        getattr(geom, "units", "mm") != "unknown")
-            cube = choose_cube(scan.shape, mask, flow_side(memory_gb, asked))
+            side = flow_side(memory_gb, asked)
+            try:
+                cube = choose_cube(scan.shape, mask, side)
+            except InputError as exc:
+                if not flow_optional:
+                    raise
+                warnings.warn(f"{src}: no permeability or tortuosity: {exc}", CtporeWarning, stacklevel=2)
+                cube = False
         with volume_writer(paths["thickness"], geom, "float32", owned=True) as writer:
             res = analyze_volume(scan, geom, sample=mask, prob=pmap, memory_gb=memory_gb, thickness_writer=writer,
                                  progress=progress)
-        if cube is not None:
+        if cube:
             res.update(_flow(scan, cube, min(geom.spacing_mm) if res["units_known"] else None, progress))
+        elif cube is False:  # asked for, and no cube fits: the keys say so
+            res.update({"permeability_zyx": None, "permeability_darcy_zyx": None, "tortuosity_zyx": None,
+                        "flow_cube_voxels": None, "flow_cube_start_zyx": None})
         if ranges is not None:
             from ctpore.pipelines.ranges import RANGE_FIGURES
 
@@ -149,15 +161,16 @@ def _flow(scan, cube: tuple, voxel_mm: Optional[float], progress: ProgressFn) ->
 
 
 def analyze_written(paths: dict, memory_gb: Optional[float] = None, progress: ProgressFn = None,
-                    ranges: Optional[dict] = None) -> dict:
+                    ranges: Optional[dict] = None, flow: bool = False) -> dict:
     """:func:`analyze` of the pores a reconstruction just wrote (``paths``: its output paths), beside
     them; returns the figures to add to its metrics (those the metrics hold already left out) and
     ``analysis``, the record's path. ``ranges``: the reconstruction's metrics, which hold its ranges
-    over the probability's levels."""
+    over the probability's levels. ``flow``: the flow too, on the cube that fits ``memory_gb``."""
     from ctpore.data.metrics import METRICS
 
     sample = paths["sample"] if Path(paths["sample"]).exists() else None
     rec = analyze(paths["pores"], sample=sample, prob=paths["prob"], outdir=Path(paths["pores"]).parent,
-                  memory_gb=memory_gb, overwrite=True, progress=progress, ranges=ranges)
+                  memory_gb=memory_gb, overwrite=True, progress=progress, ranges=ranges,
+                  flow_cube="auto" if flow else None, flow_optional=True)
     own = {m.key for m in METRICS if m.group == "analysis"}
     return {**{k: v for k, v in rec.items() if k in own}, "analysis": rec["outputs"]["analysis"]}

@@ -65,7 +65,8 @@ def _options_key(options: dict, weights_sha: Optional[str]) -> dict:
             "precision": options.get("precision"), "device_type": str(options.get("device", "cpu")).split(":")[0],
             "sample": options.get("sample", "auto"),
             **({"sample_margin": m} if (m := options.get("sample_margin", 0)) else {}),
-            **({"analyze": True} if options.get("analyze") else {}),
+            **({"analyze": True} if options.get("analyze") or options.get("flow") else {}),
+            **({"flow": True} if options.get("flow") else {}),
             **({"output_format": fmt} if (fmt := options.get("output_format", DEFAULT_OUTPUT_FORMAT))
                != DEFAULT_OUTPUT_FORMAT else {})}
 

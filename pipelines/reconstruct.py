@@ -253,6 +253,7 @@ def reconstruct_file(
     output_format: str = DEFAULT_OUTPUT_FORMAT,
     sample_margin: int = 0,
     analyze: bool = False,
+    flow: bool = False,
 ) -> dict:
     """Reconstruct one scan file and write its outputs (see the module docstring), slab by slab
     within ``memory_gb`` for the whole process, whatever the scan's size.
@@ -269,6 +270,10 @@ def reconstruct_file(
     (:mod:`ctpore.pipelines.analysis_run`: ``<stem>_analysis.json``, the thickness map, the pore-size
     table and plot), its figures in the metrics too, with the ranges of the porosity, Euler number and
     percolating porosity over five levels of the probability (:mod:`ctpore.pipelines.ranges`).
+    ``flow`` (implies ``analyze``): also the permeability and tortuosity on the largest cube up to
+    200³ inside the sample that fits ``memory_gb`` (:mod:`ctpore.pipelines.flow`); what the flow
+    cannot do is refused before the model runs, and a sample with no cube inside it gives null
+    figures and a warning, not a lost reconstruction.
 
     Returns
     -------
@@ -278,6 +283,7 @@ def reconstruct_file(
     """
     t0 = time.perf_counter()
     paths = check_outputs(scan_path, outdir, overwrite, output_format)
+    analyze = analyze or flow
     if analyze:
         from ctpore.pipelines.analysis_run import analysis_paths, analyze_written
 
@@ -289,6 +295,15 @@ def reconstruct_file(
         optional_import(fmt.library, Path(paths["pores"]), fmt.label, "writing")
     # a bad scan (or a lying header) is said at once, from its header, before the model's libraries load
     with claim_run(paths, overwrite, tmp_dir) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
+        if flow:  # before the model runs: the extra, cubic voxels, room in the budget
+            from ctpore.pipelines.flow import DEFAULT_CUBE, check_flow, flow_side
+
+            try:
+                check_flow(DEFAULT_CUBE, scan.geometry.spacing_mm, getattr(scan.geometry, "units", "mm") != "unknown")
+                flow_side(memory_gb)
+            except InputError as exc:
+                what = exc.message.replace("resample the pores", "resample the scan")
+                raise InputError(what, path=scan_path) from None
         if predictor is None:
             predictor = build_predictor(method, weights, device, attention_backend)
         disk.check(scan, predictor, memory_gb=memory_gb, gpu_memory_gb=gpu_memory_gb, tile=tile,
@@ -304,7 +319,8 @@ def reconstruct_file(
             for p in stale:  # an earlier run's (--overwrite): the files of a stem are one run's
                 remove_tree(p)
             if analyze:
-                metrics.update(analyze_written(paths, memory_gb=memory_gb, progress=progress, ranges=metrics))
+                metrics.update(analyze_written(paths, memory_gb=memory_gb, progress=progress, ranges=metrics,
+                                               flow=flow))
             _finish(metrics, scan.geometry, str(scan_path), t0)
             metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole

@@ -201,6 +201,50 @@ def test_a_cube_beyond_the_memory_budget_is_refused_before_any_work(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b_pores.nii.gz"]
 
 
+def _scan(path, shape, spacing=(0.01, 0.01, 0.01), seed=2800125):
+    from ctpore.data.synthetic import make_pair
+
+    scan, _label, _ = make_pair(seed, shape=shape, family="tubes")
+    _write(path, scan.astype(np.float32), spacing)
+
+
+def test_reconstruct_with_flow_writes_the_flow_beside_the_analysis(tmp_path):
+    _needs_extra()
+    from ctpore.pipelines.reconstruct import reconstruct_file
+
+    _scan(tmp_path / "s.nii.gz", (20, 36, 36))
+    out = reconstruct_file(tmp_path / "s.nii.gz", tmp_path / "out", "otsu", flow=True, sample="all")
+    m = out["result"]
+    rec = json.loads((tmp_path / "out" / "s_analysis.json").read_text())
+    assert m["flow_cube_voxels"] == 20 == rec["flow_cube_voxels"]  # the scan's thinnest side, under 200
+    for key in ("permeability_zyx_m2", "permeability_zyx_darcy", "tortuosity_zyx"):
+        assert m[key] == rec[key] and len(m[key]) == 3, key
+    assert m["thickness_d50_mm"] is not None  # --flow implies --analyze
+
+
+def test_reconstruct_with_flow_refuses_what_the_flow_cannot_do_before_the_model_runs(tmp_path):
+    from ctpore.app.cli import main
+
+    _scan(tmp_path / "s.nii.gz", (20, 36, 36), spacing=(0.02, 0.01, 0.01))
+    with pytest.raises(SystemExit) as exc:
+        main(["reconstruct", str(tmp_path / "s.nii.gz"), "-o", str(tmp_path / "out"), "--method", "otsu", "--flow"])
+    assert exc.value.code == 2
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_sample_too_thin_for_a_cube_keeps_its_reconstruction_and_says_why(tmp_path):
+    _needs_extra()
+    from ctpore.errors import CtporeWarning
+    from ctpore.pipelines.reconstruct import reconstruct_file
+
+    _scan(tmp_path / "s.nii.gz", (12, 36, 36))  # 12 slices: no cube of 16 fits
+    with pytest.warns(CtporeWarning, match="no permeability or tortuosity: no cube of 16"):
+        out = reconstruct_file(tmp_path / "s.nii.gz", tmp_path / "out", "otsu", flow=True, sample="all")
+    m = out["result"]
+    assert m["permeability_zyx_m2"] is None and m["flow_cube_voxels"] is None
+    assert out["pores"].exists() and m["thickness_d50_mm"] is not None
+
+
 def test_where_pyamg_gives_up_the_tortuosity_is_solved_by_conjugate_gradients(monkeypatch):
     _needs_extra()
     import porespy as ps
