@@ -32,7 +32,7 @@ import numpy as np
 
 from ctpore.data.drainage import access_radii, drainage_curve, step_radii
 from ctpore.data.minkowski import MinkowskiAccumulator
-from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
+from ctpore.data.percolation import PoreConnectivity, TurnedFace, plane_counts, sample_faces
 from ctpore.data.slabs import StreamingTopology
 from ctpore.data.thickness import DiskArray, distance_pass, sampling_of, tiled_thickness
 from ctpore.errors import InputError
@@ -165,6 +165,7 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
     # pass 1: the sample's planes, the configuration histogram, the Euler number, the expectation
     mink, topo = MinkowskiAccumulator(spacing), StreamingTopology(components=False)
     counts = None if sample is None else [np.zeros(n, np.int64) for n in shape]
+    footprint = None if sample is None else np.zeros(shape[1:], bool)  # the sample seen along z
     expected = 0.0
     for z0 in range(0, nz, slab):
         z1 = min(nz, z0 + slab)
@@ -176,13 +177,14 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
             counts[0][z0:z1] += cz
             counts[1] += cy
             counts[2] += cx
+            footprint |= s.any(axis=0)
         if prob is not None:
             q = np.asarray(prob[z0:z1], np.float64)
             expected += float(q.sum() if s is None else q[s].sum())
         if progress is not None:
             progress(z1, nz, "surface and curvature")
     # pass 2: components, the surface and the faces
-    faces = sample_faces(counts, shape)
+    faces = sample_faces(counts, shape, footprint)
     conn = PoreConnectivity(shape, faces)
     for z0 in range(0, nz, slab):
         z1 = min(nz, z0 + slab)
@@ -242,6 +244,7 @@ def analyze_volume(pores: Any, geometry, sample: Any = None, prob: Any = None, m
         "drainage_d50": None if drain is None else drain["d50"], "drainage": drain,
         "sample_voxels": n_sample, "largest_radius": float(rmax) if np.isfinite(rmax) else None,
         "units_known": known, "unit": unit if known else None, "psd_counts": psd.tolist(),
-        "faces_zyx": [list(f) if f is not None else None for f in faces],
+        "faces_zyx": [f.describe() if isinstance(f, TurnedFace) else list(f) if f is not None else None
+                      for f in faces],
         "slab_slices": int(slab), "thickness_tile": tiles, "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -99,15 +99,18 @@ def threshold_ranges(read_raw: Callable[[int, int], np.ndarray], codes: Optional
         return {**{k: None for k in RANGE_FIGURES}, "ranges_by_level": None}
     shape = tuple(int(s) for s in shape)
     cuts = [(a, min(shape[0], a + slab)) for a in range(0, shape[0], max(1, int(slab)))]
-    counts = None
-    if codes is not None:  # the sample's faces, from its planes
+    counts = footprint = None
+    if codes is not None:  # the sample's faces, from its planes and its footprint
         counts = [np.zeros(n, np.int64) for n in shape]
+        footprint = np.zeros(shape[1:], bool)
         for a, b in cuts:
-            cz, cy, cx = plane_counts(np.asarray(codes(a, b)) == 0, (b - a,) + shape[1:])
+            inside = np.asarray(codes(a, b)) == 0
+            cz, cy, cx = plane_counts(inside, (b - a,) + shape[1:])
             counts[0][a:b] += cz
             counts[1] += cy
             counts[2] += cx
-    faces = sample_faces(counts, shape)
+            footprint |= inside.any(axis=0)
+    faces = sample_faces(counts, shape, footprint)
     thresholds = raw_thresholds(post.calibration)
     rows = []
     for k, t in enumerate(thresholds):

@@ -329,6 +329,53 @@ def test_the_edt_package_and_scipy_give_the_same_thickness(monkeypatch):
         assert np.array_equal(fast, slow)
 
 
+def _turned_block(shape, deg, half=(24.0, 20.0)):
+    """A block turned by ``deg`` in the slice plane (the voxels whose centre lies inside), and its
+    own coordinates: ``u`` along the side nearest x, ``v`` along the side nearest y (from its centre)."""
+    a = math.radians(deg)
+    z, y, x = np.indices(shape, dtype=np.float64)
+    y, x = y - (shape[1] - 1) / 2, x - (shape[2] - 1) / 2
+    u, v = x * math.cos(a) + y * math.sin(a), -x * math.sin(a) + y * math.cos(a)
+    return (np.abs(u) <= half[0]) & (np.abs(v) <= half[1]), z, u, v
+
+
+@pytest.mark.parametrize("deg", [20.0, -33.0])
+def test_a_turned_block_percolates_along_its_own_sides(deg):
+    """A block turned in the slice plane has faces across y and x on slanted planes. A channel along
+    its side nearest x joins those two faces and no others; one along z joins top and bottom; a blob
+    inside joins none. The percolating porosity along each of the block's axes is its channel's
+    voxels (counted from the construction) over the sample's, streamed as whole."""
+    from ctpore.data.percolation import TurnedFace
+
+    shape = (20, 84, 84)
+    smp, z, u, v = _turned_block(shape, deg)
+    along_u = (np.abs(v - 8) <= 2.5) & (np.abs(z - 10) <= 2.5) & smp  # face to face across x
+    along_z = (np.hypot(u + 10, v + 8) <= 3.0) & smp  # top to bottom
+    blob = np.hypot(np.hypot(u - 8, v + 8), z - 10) <= 4.0
+    pores = (along_u | along_z | blob).astype(np.uint8)
+    counts = plane_counts(smp, shape)
+    footprint = smp.any(axis=0)
+    faces = sample_faces(counts, shape, footprint)
+    assert faces[0] == (0, shape[0] - 1)
+    assert isinstance(faces[1], TurnedFace) and faces[1].turned_deg == pytest.approx(deg, abs=1.0)
+    assert sample_faces(counts, shape)[1:] == [None, None]  # without the footprint: no faces across
+    n = smp.sum()
+    for slab in (3, shape[0]):
+        pc = PoreConnectivity(shape, faces)
+        for z0 in range(0, shape[0], slab):
+            pc.add(pores[z0:z0 + slab], smp[z0:z0 + slab])
+        r = pc.result()
+        assert r["percolates_zyx"] == [True, False, True]
+        assert r["percolating_porosity_zyx"] == pytest.approx([along_z.sum() / n, 0.0, along_u.sum() / n], abs=1e-12)
+
+
+def test_a_core_has_no_turned_faces():
+    smp = np.broadcast_to(_core((8, 60, 60))[4], (8, 60, 60))
+    assert smp.any()
+    faces = sample_faces(plane_counts(smp, smp.shape), smp.shape, smp.any(axis=0))
+    assert faces[1:] == [None, None]
+
+
 def test_reconstruct_with_analyze_puts_the_figures_in_the_metrics(tmp_path):
     from ctpore.data.synthetic import make_pair
     from ctpore.pipelines.reconstruct import reconstruct_file
