@@ -369,6 +369,20 @@ def test_a_turned_block_percolates_along_its_own_sides(deg):
         assert r["percolating_porosity_zyx"] == pytest.approx([along_z.sum() / n, 0.0, along_u.sum() / n], abs=1e-12)
 
 
+def test_the_analysis_of_a_turned_block_says_its_faces_are_turned():
+    """Through analyze_volume (as napari's dock runs it): the record gives the turned faces and the
+    dock's text says the percolation across y and x is along the block's sides."""
+    from ctpore.app.napari.measure import analyze_layer, figures_text
+
+    shape = (12, 72, 72)
+    smp, z, u, v = _turned_block(shape, 25.0, half=(20.0, 18.0))
+    pores = ((np.abs(v) <= 2.5) & (np.abs(z - 6) <= 2.5) & smp).astype(np.uint8)  # across x, face to face
+    res = analyze_layer(pores, (0.01, 0.01, 0.01), smp)
+    assert res["faces_zyx"][1] == res["faces_zyx"][2] == {"turned_deg": pytest.approx(25.0, abs=1.0)}
+    assert res["percolates_zyx"] == [False, False, True]
+    assert "along the block's sides, turned" in figures_text(res)
+
+
 def test_a_core_has_no_turned_faces():
     smp = np.broadcast_to(_core((8, 60, 60))[4], (8, 60, 60))
     assert smp.any()

@@ -60,10 +60,12 @@ def figures_text(res: dict) -> str:
 
     perc = ", ".join("-" if v is None else f"{v:.4f}" for v in res["percolating_porosity_zyx"])
     yes = ", ".join("-" if v is None else ("yes" if v else "no") for v in res["percolates_zyx"])
+    turned = [face["turned_deg"] for face in res.get("faces_zyx") or [] if isinstance(face, dict)]
+    sides = f"; y, x along the block's sides, turned {turned[0]:g} deg" if turned else ""
     return "\n".join([
         f"porosity {f(res['porosity'])}  (connected {f(res['connected_porosity'])}, "
         f"isolated {f(res['isolated_porosity'])})",
-        f"percolating z, y, x: {perc}  (percolates: {yes})",
+        f"percolating z, y, x: {perc}  (percolates: {yes}{sides})",
         f"pore diameter d10 {f(res['thickness_d10'])}, d50 {f(res['thickness_d50'])}, d90 {f(res['thickness_d90'])}, "
         f"mean {f(res['thickness_mean'])} {u}",
         f"specific surface {f(res['specific_surface'])} per {u}, mean breadth {f(res['mean_breadth'])} {u}, "
