@@ -151,6 +151,11 @@ def _drift(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, n_sectors: i
     return Cylinder(tuple(centre), tuple(slope), cyl.radius_mm, cyl.z_ref)
 
 
+def _mad(res: np.ndarray) -> float:
+    """The robust spread of fit residuals (1.4826 times their median absolute deviation)."""
+    return 1.4826 * float(np.median(np.abs(res - np.median(res)))) if res.size else float("inf")
+
+
 def _cut_sectors(prof: SectorProfiles, have, level: float) -> int:
     """Sectors without a surface point whose material reaches the slice's edge (the last three voxels
     they cover are brighter than ``level``): the sample is cut there, not unseen."""
@@ -228,12 +233,12 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
     if fitted is None:
         return Envelope("none", levels=levels, sectors=n_sectors,
                         notes=["no sector shows air outside the material"])
-    spread = 1.4826 * float(np.median(np.abs(res - np.median(res)))) / px
+    spread = _mad(res) / px
     cylinder_like = spread <= max(CYLINDER_SPREAD, CYLINDER_SPREAD_REL * fitted.radius_mm / px)
     tilted = _drift(slices, valid, zs, spacing, fitted, r_max, n_sectors, air, rise) if cylinder_like else fitted
     if tilted is not fitted:  # refit about the drifting axis
         again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, tilted, r_max, outer, rounds=2)
-        if again is not None:
+        if again is not None and _mad(res2) <= _mad(res):  # the tilt kept only where it fits better
             fitted, res, prof, n_sectors = again, res2, prof2, n2
     _, have = outer(prof, fitted)
     env = Envelope("cylinder", cylinder=fitted, levels=levels, sectors=n_sectors, points=int(len(res)),

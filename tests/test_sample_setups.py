@@ -142,3 +142,40 @@ def test_a_tiff_folder_of_a_core_in_a_tube(tmp_path, capsys):
     sample = np.asarray(nib.load(tmp_path / "out" / "slices_sample.nii.gz").dataobj).T.astype(bool)
     assert m["sample"]["kind"] == "cylinder" and "wall" in m["sample"]
     assert (sample & true_sample).sum() / (sample | true_sample).sum() >= 0.97
+
+
+def test_a_tilted_core_is_fitted_along_its_axis():
+    """A core whose axis leans (its centre drifts by 9 and 6 voxels over the stack) is a cylinder fitted
+    with that drift; a straight cylinder through it would cut its ends."""
+    from ctpore.data.sample import find_sample
+
+    tilt = (0.15, -0.10)  # mm of drift per mm along Z
+    scene = Scene(kind="cylinder", spacing_mm=(VOXEL_MM,) * 3, radius_mm=30 * VOXEL_MM, tilt=tilt)
+    scan, _truth, info = make_pair(5, shape=(64, 96, 96), family="grains", porosity=0.2, scene=scene)
+    true_sample = info["sample"]
+    fit = find_sample(scan, scene.spacing_mm)
+    cyl = fit.envelope.cylinder
+    assert fit.kind == "cylinder"
+    per_slice = np.multiply(tilt, VOXEL_MM)  # the fit's drift is in mm per slice
+    assert np.allclose(cyl.drift_mm, per_slice, rtol=0.15), cyl.drift_mm
+    inside = fit.outside(scan.astype(np.float32), 0)[0] == 0
+    assert (inside & true_sample).sum() / (inside | true_sample).sum() >= 0.97
+    for z in (0, 63):  # the ends, where a straight cylinder would be off by 5 voxels
+        assert (inside[z] & true_sample[z]).sum() / (inside[z] | true_sample[z]).sum() >= 0.95
+
+
+@pytest.mark.parametrize("seed", [3201, 3205])
+def test_a_straight_core_seen_only_in_the_corners_is_not_tilted(seed):
+    """A core wider than the field of view shows its surface in a few sectors at the corners only: the
+    centres of groups of slices are too noisy to tilt its axis by, and a tilt that fits its surface
+    points worse than a straight axis is not kept (the scene's axis stands straight)."""
+    from ctpore.data.sample import find_sample
+
+    scan, _truth, true_sample, scene = scene_scan("core-wider-than-fov", seed)
+    assert scene.tilt == (0.0, 0.0)
+    fit = find_sample(scan, scene.spacing_mm)
+    assert fit.kind == "cylinder"
+    drift_vox = np.hypot(*fit.envelope.cylinder.drift_mm) * SHAPE[0] / VOXEL_MM  # over the stack
+    assert drift_vox < 0.5, drift_vox
+    inside = fit.outside(scan.astype(np.float32), 0)[0] == 0
+    assert (inside & true_sample).sum() / (inside | true_sample).sum() >= 0.99

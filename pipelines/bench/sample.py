@@ -147,7 +147,8 @@ def _settings() -> str:
             f"surface points spread about it by at most {CYLINDER_SPREAD} voxels or {100 * CYLINDER_SPREAD_REL:g}% "
             "of its radius (whichever is more); otherwise each slab's outline is the convex hull of its material, "
             f"or the smallest rectangle around it when the hull fills {100 * BLOCK_FILL:g}% of it (a block). "
-            f"A pore voxel within {RIM} voxels of the surface counts only where it joins a pore deeper in. The rim "
+            f"A pore voxel within {RIM} voxels of the surface counts only where it joins a pore deeper in. A tilt of "
+            "the core's axis is kept where the surface points spread less about it than about a straight axis. The rim "
             f"check compares the porosity {SHELL[0]} to {SHELL[1]} voxels under the surface with the inside's.")
 
 
