@@ -16,13 +16,17 @@ import numpy as np
 
 from ctpore.data.profiles import BIN, Cylinder, SectorProfiles
 
-__all__ = ["TOUCH_CONTRAST", "TOUCH_REACH", "blurred_step", "fit_wall", "inner_points"]
+__all__ = ["LOSS", "TOUCH_CONTRAST", "TOUCH_REACH", "blurred_step", "fit_wall", "inner_points"]
 
 #: A sample touching its wall ends where the grey values cross from its level to the wall's, when the
 #: two differ by at least this share of the sample's level above the air's ...
 TOUCH_CONTRAST = 0.25
 #: ... within this many voxels outside the wall's fitted inner surface.
 TOUCH_REACH = 4.0
+
+#: The fits' loss: robust, so that the sectors where a large pore opens at the sample's surface do not
+#: outweigh the wall seen in all the others (residuals are in units of the sample's own scatter).
+LOSS = "soft_l1"
 
 
 def blurred_step(r, level, edge, sigma):
@@ -38,14 +42,18 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     The sector profiles about the outer surface, each sector's mean grey value and its variance, are
     fitted twice with one geometry for both: as a core (a blurred disc) and as a wall (a blurred
     annulus about ``cyl``'s axis, with levels of its own) around a core whose axis may sit off the
-    wall's. The levels are solved exactly for each geometry. The variance sees a wall as grey as the
-    sample: a wall is uniform, the material is not. Residuals are in units of the sample's own scatter
-    between sectors; the gain is how much a wall lowers them, per sector. A wall is taken when the
-    gain is at least 25, or at least 5 and the wall is uniform (its variance above the air's at most
-    0.7 of the sample's), apart from the sample (an air gap of 1.5 voxels) or of a level of its own
-    (two scatters from the sample's), or at least 3 and the wall is clearly uniform (0.3); and when it
-    is between 1.5 voxels and a quarter of the radius thick (and not at either limit of the fit),
-    holds the sample (to 1.5 voxels) and is seen all around (in 60% of the sectors).
+    wall's. The levels are solved exactly for each geometry; the geometry is fitted with a robust
+    loss (:data:`LOSS`). The wall's edges are blurred at most as much as the sample's surface: one
+    scanner blurs both, and a core's surface is the rougher (without this, a thin sharp ring and a
+    thick wall blurred more than the scanner does explain a grey wall's profile alike). The variance
+    sees a wall as grey as the sample: a wall is uniform, the material is not. Residuals are in
+    units of the sample's own scatter between sectors; the gain is how much a wall lowers their
+    cost, per sector. A wall is taken when the gain is at least 25, or at least 5 and the wall is
+    uniform (its variance above the air's at most 0.7 of the sample's), apart from the sample (an
+    air gap of 1.5 voxels) or of a level of its own (two scatters from the sample's), or at least 1.5
+    and the wall is clearly uniform (0.3); and when it is between 1.5 voxels and a quarter of the
+    radius thick (and not at either limit of the fit), holds the sample (to 1.5 voxels, or to the
+    blur of the sample's surface where that is more) and is seen all around (in 60% of the sectors).
     """
     from scipy.optimize import least_squares
     from scipy.special import ndtr
@@ -87,35 +95,38 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
         d = np.hypot(py - p[0], pxx - p[1])
         return [ndtr((p[2] - d) / p[3])]
 
-    def wall_basis(p):  # thickness, r_out, sigma, dy, dx, r_s, sigma_s
-        slab = ndtr((p[1] - rr) / p[2]) - ndtr((p[1] - p[0] - rr) / p[2])
+    def wall_basis(p):  # thickness, r_out, blur share, dy, dx, r_s, sigma_s
+        sw = p[2] * p[6]  # the wall's blur, a share of the sample's surface's
+        slab = ndtr((p[1] - rr) / sw) - ndtr((p[1] - p[0] - rr) / sw)
         return [slab] + core_basis(p[3:])
 
     core = least_squares(lambda p: solve(core_basis(p))[0], [0.0, 0.0, r1, px],
                          bounds=([-0.3 * r1, -0.3 * r1, 0.5 * r1, 0.2 * px], [0.3 * r1, 0.3 * r1, r1 + 5 * px, 6 * px]),
-                         max_nfev=200)
-    rss1 = float(np.sum(core.fun ** 2))
+                         max_nfev=200, loss=LOSS)
+    rss1 = 2.0 * float(core.cost)
     # the slab's inner surface as a depth below the outer one (1.5 voxels to a quarter of the radius)
-    lo = np.array([1.5 * px, r1 - 3 * px, 0.2 * px, -0.3 * r1, -0.3 * r1, 0.5 * r1, 0.2 * px])
-    hi = np.array([0.25 * r1, r1 + 3 * px, 4 * px, 0.3 * r1, 0.3 * r1, r1, 6 * px])
+    # (the wall's blur as a share of the sample's, at most all of it)
+    lo = np.array([1.5 * px, r1 - 3 * px, 0.1, -0.3 * r1, -0.3 * r1, 0.5 * r1, 0.2 * px])
+    hi = np.array([0.25 * r1, r1 + 3 * px, 1.0, 0.3 * r1, 0.3 * r1, r1, 6 * px])
     hi[0] = min(hi[0], 48 * px)
     starts = []
     for t in (2, 4, 7, 12, 20, 30):
         if t * px > hi[0]:
             break
         for g in (0.0, 3.0):
-            x0 = np.array([t * px, r1, px, 0.0, 0.0, r1 - (t + g) * px, px])
+            x0 = np.array([t * px, r1, 1.0, 0.0, 0.0, r1 - (t + g) * px, px])
             x0 = np.clip(x0, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
             starts.append((float(np.sum(solve(wall_basis(x0))[0] ** 2)), x0))
     if not starts:  # too small a radius for the thinnest wall
         return None
     best = None
     for _, x0 in sorted(starts, key=lambda c: c[0])[:4]:  # the four most promising starts
-        sol = least_squares(lambda p: solve(wall_basis(p))[0], x0, bounds=(lo, hi), max_nfev=100)
+        sol = least_squares(lambda p: solve(wall_basis(p))[0], x0, bounds=(lo, hi), max_nfev=100, loss=LOSS)
         if best is None or sol.cost < best.cost:
             best = sol
-    rss2 = float(np.sum(best.fun ** 2))
-    thickness, r_out, sig, dy, dx, r_s, sig_s = (float(v) for v in best.x)
+    rss2 = 2.0 * float(best.cost)
+    thickness, r_out, share, dy, dx, r_s, sig_s = (float(v) for v in best.x)
+    sig = share * sig_s
     r_in = r_out - thickness
     _, levels = solve(wall_basis(best.x))
     (w_m, s_m), (w_v, s_v) = levels[0], levels[1]  # in units of the sample's scatter
@@ -125,9 +136,10 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     mid = min(int(0.5 * (r_in + r_out) / prof.step), prof.nb - 1)
     seen = float(np.mean(prof.covered[:, mid]))  # a wall is seen all around, not in a slice's corners
     gain = (rss1 - rss2) / prof.n_sectors  # how much better a wall explains the profiles, per sector
-    evidence = gain >= 25.0 or (gain >= 5.0 and own) or (gain >= 3.0 and w_v <= 0.3 * s_v)
+    evidence = gain >= 25.0 or (gain >= 5.0 and own) or (gain >= 1.5 and w_v <= 0.3 * s_v)
     at_bound = thickness <= lo[0] * 1.02 or thickness >= hi[0] * 0.98  # the fit ran into its limits: no wall
-    if not (evidence and not at_bound and gap >= -1.5 * px and w_m > 0 and seen >= 0.6):
+    holds = gap >= -max(1.5 * px, sig_s)  # the sample within the wall, to its surface's blur
+    if not (evidence and not at_bound and holds and w_m > 0 and seen >= 0.6):
         return None
     return {"outer": cyl, "r_in": r_in, "r_out": r_out, "thickness_mm": thickness,
             "level": w_m * scat[0] + air, "blur_mm": sig, "fit_gain": rss1 / max(rss2, 1e-12)}
