@@ -34,10 +34,11 @@ def test_default_peak_memory_is_bounded_and_flat_in_z(tmp_path):
     short = make_test_scan(tmp_path / "short.nii", (96, 256, 256))
     long_ = make_test_scan(tmp_path / "long.nii", (384, 256, 256))
     p_plane = peak(plane, tmp_path / "out")
-    # A process's peak varies by about 5% from run to run (the allocator's arenas, the threads'
-    # timing), so each length is run twice and the lower peak of each is compared.
-    shorts = [peak(short, tmp_path / "out") for _ in range(2)]
-    longs = [peak(long_, tmp_path / "out") for _ in range(2)]
+    # A process's peak varies by up to 15% from run to run (the allocator's arenas, the threads'
+    # timing: 688 to 809 MB measured for one scan), so each length is run three times and the lowest
+    # peak of each is compared.
+    shorts = [peak(short, tmp_path / "out") for _ in range(3)]
+    longs = [peak(long_, tmp_path / "out") for _ in range(3)]
     assert p_plane <= 1.5 * GB and max(shorts) <= 1.5 * GB, (p_plane, shorts)
     assert min(longs) <= 1.1 * min(shorts), (shorts, longs)  # 4x the slices, the same memory
 
