@@ -113,6 +113,11 @@ class PoreFormer(nn.Module):
         return self.config.token_halo
 
     @property
+    def z_reach(self) -> int | None:
+        """Earlier slices one slice's output depends on (see :attr:`PoreFormerConfig.z_reach`)."""
+        return self.config.z_reach
+
+    @property
     def align(self) -> int:
         """Tile windows must start on multiples of this (see :attr:`PoreFormerConfig.align`)."""
         return self.config.align
@@ -133,7 +138,8 @@ class PoreFormer(nn.Module):
         list of dict
             ``name`` (the module path), ``scale`` (in-plane downsampling of the block's pixel
             columns: 1 at full resolution, 8 at 1/8), ``window`` (look-back in slices: slice
-            ``z`` attends to ``z-window+1 .. z``; None = every earlier slice), ``n_heads``.
+            ``z`` attends to ``z-window+1 .. z``; None = every earlier slice), ``n_heads``,
+            ``head_dim``.
 
         Examples
         --------
@@ -143,10 +149,10 @@ class PoreFormer(nn.Module):
         """
         out = []
         for lv, level in enumerate(self.level_blocks, start=1):
-            out += [{"name": b.name, "scale": 2**lv, "window": b.attn.window, "n_heads": b.attn.n_heads}
-                    for b in level]
-        out += [{"name": b.name, "scale": 1, "window": b.attn.window, "n_heads": b.attn.n_heads}
-                for b in self.blocks]
+            out += [{"name": b.name, "scale": 2**lv, "window": b.attn.window, "n_heads": b.attn.n_heads,
+                     "head_dim": b.attn.head_dim} for b in level]
+        out += [{"name": b.name, "scale": 1, "window": b.attn.window, "n_heads": b.attn.n_heads,
+                 "head_dim": b.attn.head_dim} for b in self.blocks]
         return out
 
     @property

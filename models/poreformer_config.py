@@ -101,6 +101,21 @@ class PoreFormerConfig:
         return -(-r // self.align) * self.align
 
     @property
+    def z_reach(self) -> int | None:
+        """How many earlier slices one slice's output depends on, or None where that is unbounded.
+
+        Every convolution works within a slice; only the attention blocks mix slices, and each
+        looks back ``W - 1`` slices (its window ``W``). The blocks run in series (the coarse levels'
+        one after the other, the full-resolution blocks last), so the reach is their sum:
+        ``2 * (24 - 1) + (8 - 1) = 53`` for the shipped model. A block that sees every earlier
+        slice (window None), or a model that sees later slices (not causal), has no bounded reach.
+        """
+        windows = [self.level_window] * sum(self.level_attention) + [self.window] * self.n_layers
+        if not self.causal or any(w is None for w in windows):
+            return None
+        return sum(int(w) - 1 for w in windows)
+
+    @property
     def token_halo(self) -> int:
         """Pixels of full-resolution tokens a tile needs around its core: none (nothing mixes them in-plane)."""
         return 0

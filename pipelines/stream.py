@@ -39,7 +39,7 @@ import torch
 from ctpore.errors import InputError
 from ctpore.pipelines.precision import autocast_dtype, bf16_copy_dtype, cpu_weights_dtype, resolve_device
 from ctpore.pipelines.staging import Staging, read_ahead
-from ctpore.pipelines.stream_plan import check_int, plan_tiles
+from ctpore.pipelines.stream_plan import check_int, plan_tiles, warm_up
 from ctpore.progress import ProgressFn
 
 __all__ = ["READ_AHEAD_ON_CPU", "predict"]
@@ -56,6 +56,18 @@ def _volume_shape(volume: Any) -> tuple[int, int, int]:
     if len(shape) != 3 or min(shape) < 1:
         raise InputError(f"volume must be (Z, Y, X) with every size >= 1, got shape {shape}")
     return shape  # type: ignore[return-value]
+
+
+def _z_range(z_range, nz: int) -> tuple[int, int]:
+    if z_range is None:
+        return 0, nz
+    try:
+        za, zb = (int(v) for v in z_range)
+    except (TypeError, ValueError):
+        raise InputError(f"z_range must be two slice indices (za, zb), got {z_range!r}") from None
+    if not 0 <= za < zb <= nz:
+        raise InputError(f"z_range must satisfy 0 <= za < zb <= {nz} (the volume's slices), got {(za, zb)}")
+    return za, zb
 
 
 def _read_chunk(
@@ -100,6 +112,7 @@ def predict(
     progress: ProgressFn = None,
     out: np.ndarray | None = None,
     precision: str = "auto",
+    z_range: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """Pore probability of every voxel of a (Z, Y, X) stack, streamed slice-chunk by chunk.
 
@@ -127,6 +140,12 @@ def predict(
         ``auto``: bf16 autocast on CUDA (fp16 without bf16); on CPU bf16 weights where the CPU
         multiplies bf16 in hardware, else fp32 (see :data:`PRECISIONS`). ``fp32`` is the stored
         model exactly.
+    z_range : (int, int), optional
+        Only the slices ``za:zb`` (``out`` is then ``(zb - za, Y, X)``): one slab of a scan split
+        across processes. They are computed from the chunk that holds slice ``za - warm_up(model)``
+        on (:func:`~ctpore.pipelines.stream_plan.warm_up`: the model's reach along Z, and more
+        where the attention kernel is not ctpore's own), in the same chunks and tiles as the whole
+        run, so they hold the same bytes as the whole run's slices ``za:zb``.
 
     Returns
     -------
@@ -150,12 +169,13 @@ def predict(
     shape = _volume_shape(volume)
     chunk_slices = check_int("chunk_slices", chunk_slices)
     tile = check_int("tile", tile)
+    za, zb = _z_range(z_range, shape[0])
+    want = (zb - za, *shape[1:])
     if out is None:
-        out = np.empty(shape, dtype=np.float32)
-    elif tuple(getattr(out, "shape", ())) != shape:
-        raise InputError(
-            f"out must have the volume's shape {shape}, got {tuple(getattr(out, 'shape', ()))}"
-        )
+        out = np.empty(want, dtype=np.float32)
+    elif tuple(getattr(out, "shape", ())) != want:
+        what = "the volume's shape" if z_range is None else f"the shape of slices {za}:{zb}"
+        raise InputError(f"out must have {what} {want}, got {tuple(getattr(out, 'shape', ()))}")
     params = list(model.parameters())
     dev = resolve_device(device) if device is not None else (
         params[0].device if params else torch.device("cpu")
@@ -174,8 +194,11 @@ def predict(
     tile = -(-tile // align) * align
     nz, ny, nx = shape
     tiles = plan_tiles(ny, nx, tile, halo)
-    # Tiles outermost: each streams through every z with its own KV cache.
-    jobs = [(t, z0, min(z0 + chunk_slices, nz)) for t in range(len(tiles)) for z0 in range(0, nz, chunk_slices)]
+    # Tiles outermost: each streams through every z with its own KV cache (for a z range, from the
+    # whole run's chunk that holds the first slice the range's outputs depend on)
+    early = warm_up(model, dev) if z_range is not None else 0
+    start = 0 if early is None else max(0, za - early) // chunk_slices * chunk_slices
+    jobs = [(t, z0, min(z0 + chunk_slices, nz)) for t in range(len(tiles)) for z0 in range(start, zb, chunk_slices)]
     total, done = len(jobs), 0
     was_training = model.training
     model.eval()
@@ -198,13 +221,14 @@ def predict(
                 ty0, ty1 = max(0, y0 - token_halo), min(ny, y1 + token_halo)
                 tx0, tx1 = max(0, x0 - token_halo), min(nx, x1 + token_halo)
                 margins = (ty0 - wy0, wy1 - ty1, tx0 - wx0, wx1 - tx1)
-                if z0 == 0:  # a new tile: a new cache, sized once for a full (window=None) one
+                if z0 == start:  # a new tile: a new cache, sized once for a full (window=None) one
                     cache = net.new_cache(capacity=nz)
                 x = stage.to_device(host, k, dtype)[None]  # (1, n, h, w)
                 logits = net(x, z0=z0, cache=cache, margins=margins)  # (1, n, th, tw)
-                core = logits[0, :, y0 - ty0 : y1 - ty0, x0 - tx0 : x1 - tx0]
-                for _ in range(stage.write(out, (slice(z0, z1), slice(y0, y1), slice(x0, x1)),
-                                           core.float().sigmoid(), k)):
+                a, b = max(z0, za), min(z1, zb)  # the slices of the range in this chunk (none: warm-up)
+                core = logits[0, a - z0 : b - z0, y0 - ty0 : y1 - ty0, x0 - tx0 : x1 - tx0]
+                dest = (slice(a - za, b - za), slice(y0, y1), slice(x0, x1))
+                for _ in range(stage.write(out, dest, core.float().sigmoid(), k) if b > a else 1):
                     done += 1
                     if progress is not None:
                         progress(done, total, "predict")

@@ -23,7 +23,7 @@ from ctpore.errors import InputError
 from ctpore.pipelines.precision import bf16_copy_dtype
 
 __all__ = ["CHUNK_EFFICIENCY", "CUDA_CHUNK_EFFICIENCY", "GPU_MARGIN_BYTES", "TILE_SIDES", "check_int", "gpu_budget",
-           "plan_for_device", "plan_streaming", "plan_tiles", "stream_host_bytes"]
+           "plan_for_device", "plan_streaming", "plan_tiles", "stream_host_bytes", "warm_up"]
 
 
 def check_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -31,6 +31,34 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def warm_up(model: Any, device: str | torch.device = "cpu") -> int | None:
+    """How many slices before a range of slices its computation starts, so that the range holds the
+    same bytes as in a run through the whole stack (a scan split into slabs); None: from the first
+    slice (a model whose reach is unbounded, see :attr:`PoreFormerConfig.z_reach`).
+
+    The reach makes the outputs equal in exact arithmetic. For equal bytes every attention sum must
+    also run over the same keys in the same order. ctpore's window kernel (CPU, head size 16,
+    windows up to 32 slices) computes each query over its own window whatever the chunk holds, so
+    the reach is enough there. Other kernels sum over the whole chunk and its cache: the run then
+    starts a further ``W - 1`` slices early (the largest window), so that every cache that feeds the
+    range is as full as in the whole run.
+    """
+    from ctpore.models.window_kernel import HEAD_SIZE, MAX_WINDOW, available
+
+    reach = getattr(model, "z_reach", None)
+    if reach is None:
+        return None
+    layout = model.attention_layout() if hasattr(model, "attention_layout") else []
+    if not layout:
+        return int(reach)
+    config = getattr(model, "config", None)
+    fits = all(b.get("head_dim") == HEAD_SIZE and b["window"] is not None and b["window"] <= MAX_WINDOW
+               for b in layout)
+    kernel = (torch.device(device).type == "cpu" and available() and fits
+              and getattr(config, "attention_backend", "") != "math")
+    return int(reach) + (0 if kernel else max(int(b["window"]) for b in layout) - 1)
 
 
 def plan_tiles(
