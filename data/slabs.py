@@ -62,38 +62,62 @@ class SlabComponents:
     def n_labels(self) -> int:
         return len(self._parent) - 1
 
-    def _label(self, mask: np.ndarray, index: int | None = None) -> np.ndarray:
+    def _label(self, mask: np.ndarray, index: int | None = None, offset: int | None = None) -> np.ndarray:
         labels = np.empty(mask.shape, np.int64)
         n = ndi.label(mask, structure=self._structure, output=labels)
-        first = self.n_labels if index is None else self._offsets[index]
-        labels[labels > 0] += first
+        first = offset if offset is not None else self.n_labels if index is None else self._offsets[index]
+        if first:
+            labels[labels > 0] += first
         return labels, n
 
     def add(self, mask: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
         """The next ``(n, Y, X)`` slab (bool or 0/1); ``values`` (same shape), when given, feed
         each component's peak (:meth:`peak_below`). Returns the slab's global labels (as numbered
         now: :meth:`roots` maps them to their components)."""
-        labels, n = self._label(mask)
-        self._offsets.append(self.n_labels)
-        first = self.n_labels + 1
-        self._parent = np.concatenate([self._parent, np.arange(first, first + n)])
-        self._size = np.concatenate([self._size, np.bincount(labels.ravel(), minlength=first + n)[first:]])
-        border = np.zeros(n, bool)
-        faces = [labels[:, 0], labels[:, -1], labels[:, :, 0], labels[:, :, -1]]
-        if not self._offsets[:-1]:  # the first slab: its first slice is a face of the volume
-            faces.append(labels[0])
-        on_face = np.concatenate([f.ravel() for f in faces])
-        border[on_face[on_face > 0] - first] = True
-        self._border = np.concatenate([self._border, border])
+        summary = self.summarize(mask, values)
+        first = self.n_labels
+        self.join(summary)
+        labels = summary.pop("labels")
+        labels[labels > 0] += first
+        return labels
+
+    def summarize(self, mask: np.ndarray, values: np.ndarray | None = None) -> dict:
+        """What :meth:`join` needs of one slab, computed from the slab alone (in another process,
+        for a scan split across workers): its component count ``n``, each component's ``size``,
+        whether it touches a side face (``side``), its ``peak`` value, and its labels on the
+        slab's ``first`` and ``last`` slices; ``labels``, the slab's own labels 1..n, is for the
+        caller (pop it before sending the summary anywhere)."""
+        labels, n = self._label(mask, offset=0)
+        side = np.zeros(n + 1, bool)
+        for f in (labels[:, 0], labels[:, -1], labels[:, :, 0], labels[:, :, -1]):
+            side[f.ravel()] = True
         peak = np.full(n + 1, -np.inf)  # index 0: the background
         if values is not None and n:
-            local = labels - (first - 1)
-            np.maximum(local, 0, out=local)
-            np.maximum.at(peak, local.ravel(), np.asarray(values, np.float64).ravel())
-        self._peak = np.concatenate([self._peak, peak[1:]])
+            np.maximum.at(peak, labels.ravel(), np.asarray(values, np.float64).ravel())
+        small = np.min_scalar_type(n)
+        return {"n": int(n), "size": np.bincount(labels.ravel(), minlength=n + 1)[1:], "side": side[1:],
+                "peak": peak[1:], "first": labels[0].astype(small), "last": labels[-1].astype(small),
+                "labels": labels}
+
+    def join(self, summary: dict) -> None:
+        """The next slab along z, as :meth:`summarize` described it: its components are numbered
+        after those of the slabs joined before it, and joined with those they touch across the
+        boundary with the previous slab (the 9 neighbours below for 26-connectivity, the one below
+        for 6)."""
+        n = summary["n"]
+        first = self.n_labels + 1
+        self._offsets.append(self.n_labels)
+        self._parent = np.concatenate([self._parent, np.arange(first, first + n)])
+        self._size = np.concatenate([self._size, np.asarray(summary["size"], np.int64)])
+        border = np.array(summary["side"], bool)
+        head = np.asarray(summary["first"], np.int64)
+        if len(self._offsets) == 1:  # the first slab: its first slice is a face of the volume
+            border[head[head > 0] - 1] = True
+        self._border = np.concatenate([self._border, border])
+        self._peak = np.concatenate([self._peak, np.asarray(summary["peak"], np.float64)])
         self._flags = np.concatenate([self._flags, np.zeros(n, np.uint8)])
         if self._prev is not None and n:
-            below, above = self._prev, labels[0]
+            below, above = self._prev, np.where(head > 0, head + (first - 1), 0)
             yn, xn = below.shape
             shifts = ((dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)) if self.connectivity == 26 else [(0, 0)]
             pairs = []
@@ -121,8 +145,20 @@ class SlabComponents:
                         self._peak[lo] = max(self._peak[lo], self._peak[hi])
                         self._flags[lo] |= self._flags[hi]
                         self._unions += 1
-        self._prev = labels[-1]
-        return labels
+        last = np.asarray(summary["last"], np.int64)
+        self._prev = np.where(last > 0, last + (first - 1), 0)
+
+    def slab_part(self, per_label: np.ndarray, index: int) -> np.ndarray:
+        """The part of a per-label array (index = global label, as :meth:`small` gives) that slab
+        ``index`` needs, indexed by its own labels 1..n (0: the background, ``per_label[0]``): what a
+        worker applies to its slab with :meth:`own_labels`."""
+        a = self._offsets[index]
+        b = self._offsets[index + 1] if index + 1 < len(self._offsets) else self.n_labels
+        return np.concatenate([per_label[:1], per_label[a + 1: b + 1]])
+
+    def own_labels(self, mask: np.ndarray) -> np.ndarray:
+        """A slab's own labels 1..n, as :meth:`summarize` numbers them (deterministic)."""
+        return self._label(mask, offset=0)[0]
 
     def mark(self, labels: np.ndarray, bit: int) -> None:
         """Set flag ``bit`` (0..7) on the components of ``labels`` (global labels; 0 is ignored)."""
