@@ -98,15 +98,34 @@ class MetricsAccumulator:
         only. The pores (and ``prob``) must be 0 outside it; the truth is taken as 0 there.
         """
         p = as_volume(pores, "prediction")
-        n = p.shape[0]
+        self.join(self.summarize(p, prob, truth, sample))
+        slab = _Slab(self._z - p.shape[0], self._z, p, prob, truth, sample)
+        for m in self.metrics:
+            if m.add is not None:
+                m.add(self, slab, self._state[m.key])
+
+    @property
+    def splittable(self) -> bool:
+        """Whether its slabs can be measured apart (:meth:`summarize`) and joined (:meth:`join`):
+        no metric keeps a state of its own."""
+        return all(m.add is None for m in self.metrics)
+
+    def summarize(self, pores: np.ndarray, prob: Optional[np.ndarray] = None, truth: Optional[np.ndarray] = None,
+                  sample: Optional[np.ndarray] = None) -> dict:
+        """What :meth:`join` needs of one slab (the arguments of :meth:`add`), computed from the slab
+        alone, in another process for a scan split across workers: its voxel sums and its topology's
+        summaries (:meth:`StreamingTopology.summarize`). Joined in z order, the summaries of the
+        same slabs give the same metrics as :meth:`add`, to the last bit."""
+        p = as_volume(pores, "prediction")
+        out = {"n": p.shape[0], "sums": {"sq": 0.0, "pred": 0, "truth": 0, "inter": 0}, "mse_of_probability": False}
         if sample is not None:
             sample = np.asarray(sample, bool)
             if np.any(p & ~sample):
                 raise ValueError("pores outside the sample")
-            self.n_sample += int(np.count_nonzero(sample))
+            out["n_sample"] = int(np.count_nonzero(sample))
         else:
-            self.n_sample += int(p.size)
-        self.pores.add(p)
+            out["n_sample"] = int(p.size)
+        out["pores"] = self.pores.summarize(p)
         if self.truth_topology is not None:
             if truth is None:
                 raise ValueError("this accumulator compares with a truth: give each slab's truth")
@@ -116,22 +135,30 @@ class MetricsAccumulator:
                                  f"and truth {t.shape}")
             if sample is not None:
                 t = t & sample
-            self.truth_topology.add(t)
-            self.sums["pred"] += int(np.count_nonzero(p))
-            self.sums["truth"] += int(np.count_nonzero(t))
-            self.sums["inter"] += int(np.count_nonzero(p & t))
+            out["truth"] = self.truth_topology.summarize(t)
+            sums = out["sums"]
+            sums["pred"] = int(np.count_nonzero(p))
+            sums["truth"] = int(np.count_nonzero(t))
+            sums["inter"] = int(np.count_nonzero(p & t))
             if prob is not None:
-                self.mse_of_probability = True
+                out["mse_of_probability"] = True
                 if sample is not None:
                     prob = np.where(sample, prob, 0.0)  # outside: 0 against 0
-                self.sums["sq"] += _squared_error(prob, t)
+                sums["sq"] = _squared_error(prob, t)
             else:  # (0/1 - 0/1)^2 is 1 where they differ
-                self.sums["sq"] += float(np.count_nonzero(p != t))
-        slab = _Slab(self._z, self._z + n, p, prob, truth, sample)
-        for m in self.metrics:
-            if m.add is not None:
-                m.add(self, slab, self._state[m.key])
-        self._z += n
+                sums["sq"] = float(np.count_nonzero(p != t))
+        return out
+
+    def join(self, summary: dict) -> None:
+        """The next slab along z, as :meth:`summarize` described it."""
+        self.n_sample += summary["n_sample"]
+        self.pores.join(summary["pores"])
+        if self.truth_topology is not None:
+            self.truth_topology.join(summary["truth"])
+            for k in self.sums:
+                self.sums[k] += summary["sums"][k]
+            self.mse_of_probability |= summary["mse_of_probability"]
+        self._z += summary["n"]
 
     def state(self, key: str) -> dict:
         """The state dict of metric ``key`` (for a metric with an ``add`` hook)."""

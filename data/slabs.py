@@ -272,25 +272,45 @@ class StreamingTopology:
 
     def add(self, slab: np.ndarray) -> None:
         """The next ``(n, Y, X)`` slab of the volume (binary, 1 = pore)."""
+        self.join(self.summarize(slab))
+
+    def summarize(self, slab: np.ndarray) -> dict:
+        """What :meth:`join` needs of one ``(n, Y, X)`` slab, computed from the slab alone (in
+        another process, for a scan split across workers): the configuration histogram of the
+        vertex planes inside it, its first and last slices, its four sides, its pore voxels and its
+        components' summaries (:meth:`SlabComponents.summarize`)."""
         s = as_volume(slab, "slab").view(np.uint8)
         n, y, x = s.shape
+        hist = np.zeros(256, np.int64)
+        step = max(1, SLAB_VOXELS // ((y + 1) * (x + 1)))
+        for a in range(1, n, step):  # the planes between its slices (the one before it is the join's)
+            hist += plane_histogram(s[a - 1: min(n, a + step)])
+        out = {"n": n, "hist": hist, "first": s[0].copy(), "last": s[-1].copy(),
+               "sides": (s[:, 0].copy(), s[:, -1].copy(), s[:, :, 0].copy(), s[:, :, -1].copy()),
+               "pore_voxels": int(np.count_nonzero(s))}
+        if self._components is not None:
+            out["pores"] = self._components.summarize(s)
+            out["solid"] = self._solid.summarize(s == 0)
+            del out["pores"]["labels"], out["solid"]["labels"]
+        return out
+
+    def join(self, summary: dict) -> None:
+        """The next slab along z, as :meth:`summarize` described it."""
+        first = summary["first"]
+        y, x = first.shape
         if self.shape is None:
-            self.shape, self._first = [0, y, x], s[0].copy()
+            self.shape, self._first = [0, y, x], first.copy()
             self._prev = np.zeros((y, x), np.uint8)
         elif (y, x) != tuple(self.shape[1:]):
             raise ValueError(f"slab plane {(y, x)} differs from the volume's {tuple(self.shape[1:])}")
-        step = max(1, SLAB_VOXELS // ((y + 1) * (x + 1)))
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            stack = np.concatenate([(self._prev if a == 0 else s[a - 1])[None], s[a:b]])
-            self.hist += plane_histogram(stack)
-        self._sides.append((s[:, 0].copy(), s[:, -1].copy(), s[:, :, 0].copy(), s[:, :, -1].copy()))
-        self.n_pore_voxels += int(np.count_nonzero(s))
+        self.hist += plane_histogram(np.stack([self._prev, first])) + summary["hist"]
+        self._sides.append(tuple(summary["sides"]))
+        self.n_pore_voxels += int(summary["pore_voxels"])
         if self._components is not None:
-            self._components.add(s)
-            self._solid.add(s == 0)
-        self._prev = s[-1].copy()
-        self.shape[0] += n
+            self._components.join(summary["pores"])
+            self._solid.join(summary["solid"])
+        self._prev = summary["last"].copy()
+        self.shape[0] += int(summary["n"])
 
     def euler_number(self, connectivity: int = 26) -> int:
         """χ of the pore phase added so far, as :func:`euler_number` (surrounded by solid)."""

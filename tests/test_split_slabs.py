@@ -1,8 +1,9 @@
-"""Post-processing with each slab's work done on its own (a scan split across workers) gives the
-same pores and probabilities as the whole volume's, whatever the cuts and the order the slabs run in.
+"""Each slab's work done on its own (a scan split across workers), then joined in z order, gives
+the whole volume's pores, probabilities and metrics, whatever the cuts and the order slabs run in.
 
-The truth is :meth:`Postprocessing.apply` on the whole in-memory volume, itself checked against
-whole-volume labelling in test_postprocess.py.
+The truths: :meth:`Postprocessing.apply` on the whole in-memory volume (itself checked against
+whole-volume labelling in test_topology_rules.py), and the metrics of the same slabs added in order
+(checked against the whole volume's topology in test_large.py and test_metrics.py).
 """
 
 from __future__ import annotations
@@ -83,3 +84,29 @@ def test_the_slabs_run_in_other_processes_on_a_dask_cluster():
     for a, p in parts:
         got[a:a + len(p)] = p
     assert np.array_equal(got, want)
+
+
+def test_metrics_of_slabs_measured_apart_equal_those_of_slabs_added_in_order():
+    """Every metric, the MSE's float sum included, to the last bit; with a truth and a sample mask."""
+    from ctpore.data.metrics import MetricsAccumulator
+
+    prob = probabilities(seed=6)
+    pores = (prob >= 0.6).view(np.uint8)
+    truth = probabilities(seed=7) >= 0.45
+    zz, yy, xx = np.indices(prob.shape)
+    sample = (yy - 14.5) ** 2 + (xx - 14.5) ** 2 <= 13 ** 2  # a core
+    pores = pores & sample
+    prob = np.where(sample, prob, 0.0).astype(np.float32)
+    cuts = [(0, 9), (9, 10), (10, 27), (27, 40)]
+    added = MetricsAccumulator(prob.shape, (0.01, 0.01, 0.01), truth=True)
+    for a, b in cuts:
+        added.add(pores[a:b], prob[a:b], truth[a:b], sample[a:b])
+    worker = MetricsAccumulator(prob.shape, (0.01, 0.01, 0.01), truth=True)  # another process's
+    parts = [worker.summarize(pores[a:b], prob[a:b], truth[a:b], sample[a:b]) for a, b in reversed(cuts)]
+    joined = MetricsAccumulator(prob.shape, (0.01, 0.01, 0.01), truth=True)
+    assert joined.splittable
+    for part in reversed(parts):
+        joined.join(part)
+    want, got = added.result(), joined.result()
+    assert got == want
+    assert want["n_pores"] > 5 and want["n_tunnels"] > 5 and 0 < want["dice"] < 1  # the slabs share components
