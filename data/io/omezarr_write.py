@@ -29,7 +29,8 @@ from ctpore.data.io.formats import cast_exact, optional_import, reason
 from ctpore.data.io.geometry import Geometry
 from ctpore.errors import InputError
 
-__all__ = ["OmeZarrWriter", "OME_ZARR_SUFFIX", "level_shapes", "remove_tree"]
+__all__ = ["OmeZarrWriter", "OME_ZARR_SUFFIX", "level_chunks", "level_shapes", "multiscale_attrs", "open_level",
+           "remove_tree", "replace_tree"]
 
 OME_ZARR_SUFFIX = ".ome.zarr"
 #: The pyramid stops at the first level whose plane is at most this many pixels a side.
@@ -59,6 +60,46 @@ def level_shapes(shape: tuple[int, int, int]) -> list[tuple[int, int, int]]:
     return shapes  # type: ignore[return-value]
 
 
+def level_chunks(shape: tuple[int, int, int], dtype: Any) -> tuple[int, int, int]:
+    """A level's chunks: ``(cz, 256, 256)``, ``cz`` the most slices whose plane-wide row of chunks
+    stays within :data:`ROW_BYTES` (at least 1, at most 64)."""
+    plane = shape[1] * shape[2] * np.dtype(dtype).itemsize
+    cz = int(max(1, min(64, shape[0], ROW_BYTES // max(1, plane))))
+    return (cz, min(_TILE, shape[1]), min(_TILE, shape[2]))
+
+
+def open_level(zarr: Any, folder: Path, shape: tuple[int, int, int], dtype: Any, mode: str = "w",
+               chunks: tuple[int, int, int] | None = None) -> Any:
+    """A level's array in a store (made with ``mode="w"``, in :func:`level_chunks` unless
+    ``chunks`` are given; written into with ``"r+"``)."""
+    chunks = chunks or level_chunks(shape, dtype)
+    kwargs = dict(mode=mode, shape=shape, chunks=chunks, dtype=np.dtype(dtype), fill_value=0)
+    if mode != "w":
+        kwargs = dict(mode=mode)
+    try:
+        return zarr.open_array(str(folder), zarr_format=2, **kwargs)
+    except TypeError:  # zarr 2.x: always format 2
+        return zarr.open_array(str(folder), **kwargs)
+
+
+def multiscale_attrs(stem: str, geometry: Geometry, dtype: Any) -> dict:
+    """The store's NGFF ``multiscales`` entry: the levels' paths and scales, in the file's unit."""
+    shapes = level_shapes(tuple(int(n) for n in geometry.shape))
+    unit = _NGFF_UNITS.get(geometry.units)
+    spacing = geometry.spacing_mm
+    if unit is not None and unit != "millimeter":  # back to the file's own unit
+        from ctpore.data.io.geometry import unit_to_mm
+
+        factor = (unit_to_mm(unit) or ("mm", 1.0))[1]
+        spacing = tuple(s / factor for s in spacing)
+    axes = [{"name": n, "type": "space", **({"unit": unit} if unit else {})} for n in ("z", "y", "x")]
+    datasets = [{"path": str(k), "coordinateTransformations": [
+        {"type": "scale", "scale": [float(s) * 2**k for s in spacing]}]} for k in range(len(shapes))]
+    return {"version": "0.4", "name": stem, "axes": axes, "datasets": datasets,
+            "type": "nearest (every second voxel along each axis)",
+            "metadata": {"written_by": "ctpore", "dtype": str(np.dtype(dtype))}}
+
+
 def remove_tree(path: str | os.PathLike) -> None:
     """Remove a store (a folder) or a file; nothing if it is not there."""
     p = Path(path)
@@ -74,14 +115,8 @@ class _Level:
 
     def __init__(self, zarr: Any, folder: Path, shape: tuple[int, int, int], dtype: np.dtype, step: int):
         self.shape, self.step = shape, step
-        plane = shape[1] * shape[2] * dtype.itemsize
-        cz = int(max(1, min(64, shape[0], ROW_BYTES // max(1, plane))))
-        self.chunks = (cz, min(_TILE, shape[1]), min(_TILE, shape[2]))
-        kwargs = dict(mode="w", shape=shape, chunks=self.chunks, dtype=dtype, fill_value=0)
-        try:
-            self.array = zarr.open_array(str(folder), zarr_format=2, **kwargs)
-        except TypeError:  # zarr 2.x: always format 2
-            self.array = zarr.open_array(str(folder), **kwargs)
+        self.chunks = level_chunks(shape, dtype)
+        self.array = open_level(zarr, folder, shape, dtype)
         self.buffer: list[np.ndarray] = []
         self.held = 0
         self.z = 0  # slices of this level written so far
@@ -130,28 +165,14 @@ class OmeZarrWriter:
             (self._tmp / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
             shapes = level_shapes(tuple(int(n) for n in geometry.shape))
             self._levels = [_Level(zarr, self._tmp / str(k), s, self.dtype, 2**k) for k, s in enumerate(shapes)]
-            (self._tmp / ".zattrs").write_text(json.dumps({"multiscales": [self._multiscale(stem, shapes)]}, indent=1))
+            attrs = {"multiscales": [multiscale_attrs(stem, geometry, self.dtype)]}
+            (self._tmp / ".zattrs").write_text(json.dumps(attrs, indent=1))
         except BaseException as exc:
             remove_tree(self._tmp)
             if isinstance(exc, OSError):
                 raise InputError(f"could not write {self.path.name} ({reason(exc)})", self.path.parent) from exc
             raise
         self._z = 0
-
-    def _multiscale(self, stem: str, shapes: list) -> dict:
-        unit = _NGFF_UNITS.get(self.geometry.units)
-        spacing = self.geometry.spacing_mm
-        if unit is not None and unit != "millimeter":  # back to the file's own unit
-            from ctpore.data.io.geometry import unit_to_mm
-
-            factor = (unit_to_mm(unit) or ("mm", 1.0))[1]
-            spacing = tuple(s / factor for s in spacing)
-        axes = [{"name": n, "type": "space", **({"unit": unit} if unit else {})} for n in ("z", "y", "x")]
-        datasets = [{"path": str(k), "coordinateTransformations": [
-            {"type": "scale", "scale": [float(s) * 2**k for s in spacing]}]} for k in range(len(shapes))]
-        return {"version": "0.4", "name": stem, "axes": axes, "datasets": datasets,
-                "type": "nearest (every second voxel along each axis)",
-                "metadata": {"written_by": "ctpore", "dtype": str(self.dtype)}}
 
     def write(self, slab: np.ndarray) -> None:
         """Append the next ``(n, Y, X)`` slices (their values must fit the dtype exactly)."""
