@@ -232,39 +232,39 @@ class Postprocessing:
 
     def run_split(self, read: Callable[[int, int], np.ndarray], cuts: list[tuple[int, int]],
                   on_slab: Callable[[int, int, np.ndarray, np.ndarray], object],
-                  map_fn: Optional[Callable] = None) -> list:
+                  map_fn: Optional[Callable] = None, groups: Optional[list[list[int]]] = None) -> list:
         """:meth:`run` with each slab's work done on its own, in any order or process: for a scan
         split across workers. The same pores as :meth:`run`, whatever the cuts.
 
-        Each pass maps a function over the slabs with ``map_fn(fn, items) -> list`` (default: one
-        after the other here; a Dask client's ``map`` and ``gather`` on a cluster). A component rule
-        takes two joins: each slab summarizes its pore (then solid) components, their sizes, peaks
-        and labels on its two faces (:meth:`SlabComponents.summarize`); the caller joins the
-        summaries in z order (a union-find, small) and hands each slab the decisions for its own
-        components (:meth:`SlabComponents.slab_part`). ``read(z0, z1)`` gives a fresh array each
-        call; ``on_slab(z0, z1, pores, prob)`` runs where the slab's last pass runs and its results
-        are returned, in the order of ``cuts``.
+        Each pass maps a function over the groups of cuts (``groups``: lists of consecutive cut
+        indices, one task each, its cuts in z order; default one cut a task) with
+        ``map_fn(fn, items) -> list`` (default: one after the other here; a Dask client's ``map``
+        and ``gather`` on a cluster). A component rule takes two joins: each cut summarizes its pore
+        (then solid) components, their sizes, peaks and labels on its two faces
+        (:meth:`SlabComponents.summarize`); the caller joins the summaries in z order (a union-find,
+        small) and hands each cut the decisions for its own components
+        (:meth:`SlabComponents.slab_part`). ``read(z0, z1)`` gives a fresh array each call;
+        ``on_slab(z0, z1, pores, prob)`` runs where the cut's last pass runs, and its results are
+        returned in the order of ``cuts``.
         """
         run = map_fn or (lambda fn, items: [fn(it) for it in items])
+        groups = groups if groups is not None else [[i] for i in range(len(cuts))]
+        if sorted(i for g in groups for i in g) != list(range(len(cuts))):
+            raise ValueError("the groups must hold every cut once")
         thr, conf = self.threshold, self.confidence
-        # what a slab's work needs is sent with it: stateless labellers, never the union-finds
+        # what a cut's work needs is sent with it: stateless labellers, never the union-finds
         pore_labels, solid_labels = SlabComponents(26), SlabComponents(6)
         drop = fill = [None] * len(cuts)
-        if self.pore_rule:
-            pores_cc = SlabComponents(26)
 
-            def pore_summary(ab):
-                prob = read(*ab)
-                out = pore_labels.summarize(prob >= thr, prob if conf is not None else None)
-                del out["labels"]
-                return out
+        def each(fn):  # fn(cut, its part of every decision) over the groups, joined back in cut order
+            tasks = [[(cuts[i], drop[i], fill[i]) for i in g] for g in groups]
+            done = run(lambda task: [fn(*item) for item in task], tasks)
+            out = [None] * len(cuts)
+            for g, results in zip(groups, done):
+                for i, r in zip(g, results):
+                    out[i] = r
+            return out
 
-            for summary in run(pore_summary, cuts):
-                pores_cc.join(summary)
-            drop_pore = pores_cc.small(max(self.min_size, self.min_pore_voxels))
-            if conf is not None:
-                drop_pore |= pores_cc.peak_below(conf)
-            drop = [pores_cc.slab_part(drop_pore, i) for i in range(len(cuts))]
         def pores_of(ab, drop_i):
             prob = read(*ab)
             pores = prob >= thr
@@ -272,24 +272,36 @@ class Postprocessing:
                 pores &= ~drop_i[pore_labels.own_labels(pores)]
             return prob, pores
 
-        if self.solid_rule:
-            solid_cc = SlabComponents(6)
+        if self.pore_rule:
+            def pore_summary(ab, _drop, _fill):
+                prob = read(*ab)
+                out = pore_labels.summarize(prob >= thr, prob if conf is not None else None)
+                del out["labels"]
+                return out
 
-            def solid_summary(item):
-                prob, pores = pores_of(*item)
+            pores_cc = SlabComponents(26)
+            for summary in each(pore_summary):
+                pores_cc.join(summary)
+            drop_pore = pores_cc.small(max(self.min_size, self.min_pore_voxels))
+            if conf is not None:
+                drop_pore |= pores_cc.peak_below(conf)
+            drop = [pores_cc.slab_part(drop_pore, i) for i in range(len(cuts))]
+        if self.solid_rule:
+            def solid_summary(ab, drop_i, _fill):
+                prob, pores = pores_of(ab, drop_i)
                 out = solid_labels.summarize(~pores, (1.0 - prob) if conf is not None else None)
                 del out["labels"]
                 return out
 
-            for summary in run(solid_summary, list(zip(cuts, drop))):
+            solid_cc = SlabComponents(6)
+            for summary in each(solid_summary):
                 solid_cc.join(summary)
             fill_solid = solid_cc.small(self.min_size)
             if conf is not None:
                 fill_solid |= solid_cc.peak_below(conf)
             fill = [solid_cc.slab_part(fill_solid, i) for i in range(len(cuts))]
 
-        def final(item):
-            ab, drop_i, fill_i = item
+        def final(ab, drop_i, fill_i):
             prob, pores = pores_of(ab, drop_i)
             if fill_i is not None:
                 pores |= fill_i[solid_labels.own_labels(~pores)]
@@ -300,7 +312,7 @@ class Postprocessing:
                 apply_calibration(prob, self.calibration, out=prob)
             return on_slab(ab[0], ab[1], pores, prob)
 
-        return run(final, list(zip(cuts, drop, fill)))
+        return each(final)
 
 
 def whole_slab(shape) -> int:

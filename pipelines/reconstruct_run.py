@@ -28,7 +28,7 @@ from ctpore.pipelines.sinks import TruthSlabs
 from ctpore.pipelines.spill import windowed
 from ctpore.progress import ProgressFn
 
-__all__ = ["run_reconstruction"]
+__all__ = ["run_metrics", "run_reconstruction"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -170,15 +170,29 @@ def run_reconstruction(
             truth_reader.close()
         if smask is not None:
             smask.close()
+    metrics = run_metrics(acc, geometry, predictor.name, info, clipped=clipped, post=post, sample=smask.info,
+                          fit=smask.fit, rim=rim, source=source, truth=truth_reader is not None)
+    if ranges:
+        metrics.update(spread)
+    metrics["stage_seconds"] = stages
+    return metrics
+
+
+def run_metrics(acc: MetricsAccumulator, geometry: Geometry, method: str, info: dict, *, clipped: int, post: Any,
+                sample: dict, fit: Any, rim: RimCheck, source: str, truth: bool) -> dict:
+    """The metrics of a run from its accumulator, fed every slab: the figures, what ran
+    (:func:`~ctpore.pipelines.outputs.run_fields`), the post-processing, the sample (``sample``, its
+    info; ``fit``, what was found; the rim check, with a warning when the found sample's outer voxels
+    differ from its inside) and the porosity were the left-out region pore."""
     metrics = acc.result()
-    metrics.update(run_fields(shape, geometry, predictor.name, info))
+    metrics.update(run_fields(acc.shape, geometry, method, info))
     metrics["clipped_voxels"] = clipped
-    if truth_reader is not None:
+    if truth:
         # the thresholding methods have no probability: their MSE is of the 0/1 pores (1 - accuracy)
         metrics["mse_of"] = MSE_OF_BINARY if post.binary else MSE_OF_PROBABILITY
     metrics["postprocessing"] = post.describe()
-    metrics["sample"] = smask.info
-    if smask.fit is not None and smask.fit.has_outside:
+    metrics["sample"] = sample
+    if fit is not None and fit.has_outside:
         check = rim.result()
         metrics["sample"]["rim_check"] = check
         if check["differs"]:
@@ -188,29 +202,25 @@ def run_reconstruction(
                           f"{check['inside_porosity']:.3f} inside): a container wall or an air gap may be counted "
                           "as sample; check "
                           "<stem>_sample.png, drop a rim with --sample-margin N, or give your own mask (--sample MASK)",
-                          CtporeWarning, stacklevel=2)
-    metrics["porosity_if_region_is_pore"] = _if_region_is_pore(metrics, acc, smask, source)
-    if ranges:
-        metrics.update(spread)
-    metrics["stage_seconds"] = stages
+                          CtporeWarning, stacklevel=3)
+    metrics["porosity_if_region_is_pore"] = _if_region_is_pore(metrics, acc, sample, fit, source)
     return metrics
 
 
-def _if_region_is_pore(metrics: dict, acc: MetricsAccumulator, smask, source: str) -> float:
+def _if_region_is_pore(metrics: dict, acc: MetricsAccumulator, sample: dict, fit, source: str) -> float:
     """The porosity as it would be if the region the found sample left out (neither a field of
     view's constant outside nor a container's wall) were pore: (pore voxels + region) / (sample
     voxels + region), with no second pass of the model. When the shape behind it did not fit with
     confidence, a warning gives it beside the share of the scan at stake."""
-    region = int(smask.info.get("region_voxels", 0))
+    region = int(sample.get("region_voxels", 0))
     n = acc.n_sample
     pores = float(metrics["porosity"]) * n
     alt = (pores + region) / (n + region) if n + region else 0.0
-    fit = smask.fit
     if region and fit is not None and not fit.confident:  # (the rim check warns on its own)
         total = int(np.prod(acc.shape))
-        warnings.warn(f"{source}: the sample's outside is uncertain ({smask.info['found']}): "
+        warnings.warn(f"{source}: the sample's outside is uncertain ({sample['found']}): "
                       f"{100.0 * region / max(total, 1):.1f}% of the scan, a dark region joined to the border, "
                       f"was left out; the porosity is {metrics['porosity']:.4f}, and would be {alt:.4f} if that "
                       "region were pore; check the sample mask (<stem>_sample.nii.gz, .png) or give your own "
-                      "(--sample MASK)", CtporeWarning, stacklevel=3)
+                      "(--sample MASK)", CtporeWarning, stacklevel=4)
     return float(alt)

@@ -24,13 +24,15 @@ from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.spill import RawCopy
 from ctpore.progress import ProgressFn
 
-__all__ = ["SAMPLE_MODES", "SampleMask", "check_margin", "prepare_sample"]
+__all__ = ["CODE_SLABS", "SAMPLE_MODES", "SampleMask", "check_margin", "check_outside", "prepare_sample", "sample_info",
+           "solid_level"]
 
 #: What ``--sample`` takes besides a mask file.
 SAMPLE_MODES = ("auto", "all")
 
-#: Slices read at a time when the outside is marked.
-_SLAB = 16
+#: Slices read at a time when the outside is marked (from slice 0 on; a split run's slabs start on
+#: multiples of it).
+CODE_SLABS = _SLAB = 16
 
 #: How far (voxels, within the slice) a user's mask may lie inside the found sample's air surface and
 #: still have that surface across its own outside.
@@ -174,7 +176,7 @@ def check_margin(margin) -> int:
     return int(margin)
 
 
-def _solid_level(fit) -> Optional[float]:
+def solid_level(fit) -> Optional[float]:
     """The grey level of the sample's solid material from a fit, where air and material stand apart
     (by more than 1.5 times the noise); else None."""
     lv = fit.envelope.levels
@@ -256,16 +258,13 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
     in_memory = not isinstance(volume, Scan)
     if sample is None or (isinstance(sample, str) and sample == "all"):
         _no_surface(margin, source, "--sample all takes every voxel")
-        return SampleMask(None, {"mode": "all", "found": "every voxel (--sample all)", "outside_voxels": 0,
-                                 "margin_vox": 0})
+        return SampleMask(None, sample_info(None, units_known))
     fit = None
     if isinstance(sample, str) and sample == "auto":
         fit = shape_fit = find_sample(volume, geometry.spacing_mm)
         if not fit.has_outside:  # no surface to erode a margin from either
             _no_surface(margin, source, "the material reaches the border: the sample has no surface")
-            return SampleMask(None, {"mode": "auto", "found": fit.describe(units_known), "outside_voxels": 0,
-                                     "margin_vox": 0,
-                                     **fit.info(units_known)}, fit=fit)
+            return SampleMask(None, sample_info(fit, units_known), fit=fit)
         store, handle = _store(shape, folder, in_memory)
         n = region = wall = 0
         for z0 in range(0, shape[0], _SLAB):
@@ -277,10 +276,7 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
             wall += counts["wall"]
             if progress is not None:
                 progress(z1, shape[0], "finding the sample")
-        info = {"mode": "auto", "found": fit.describe(units_known), "outside_voxels": n, "region_voxels": region,
-                "margin_vox": margin, **fit.info(units_known)}
-        if fit.envelope.wall is not None:
-            info["wall"]["voxels"] = wall
+        info = sample_info(fit, units_known, (n, region, wall), margin)
     else:
         store, handle = _store(shape, folder, in_memory)
         n = _user_mask(sample, geometry, store, progress)
@@ -290,14 +286,39 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
             n = _erode(store, shape, margin)
         name = Path(sample).name if isinstance(sample, (str, os.PathLike)) else "given"
         info = {"mode": "mask", "found": f"the mask {name}", "outside_voxels": n, "margin_vox": margin}
-    total = int(np.prod(shape))
-    if n == total:
+    try:
+        check_outside(info, shape, source)
+    except InputError:
         if handle is not None:
             handle.close()
+        raise
+    return SampleMask(store, info, handle, fit, level=solid_level(shape_fit))
+
+
+def sample_info(fit, units_known: bool, counts: Optional[tuple[int, int, int]] = None, margin: int = 0) -> dict:
+    """The metrics' ``sample`` entry: every voxel (``fit`` None, ``--sample all``), a scan found to
+    have no outside, or a found sample with its ``counts`` (outside, region and wall voxels) and
+    ``margin``."""
+    if fit is None:
+        return {"mode": "all", "found": "every voxel (--sample all)", "outside_voxels": 0, "margin_vox": 0}
+    if counts is None:
+        return {"mode": "auto", "found": fit.describe(units_known), "outside_voxels": 0, "margin_vox": 0,
+                **fit.info(units_known)}
+    n, region, wall = counts
+    info = {"mode": "auto", "found": fit.describe(units_known), "outside_voxels": n, "region_voxels": region,
+            "margin_vox": margin, **fit.info(units_known)}
+    if fit.envelope.wall is not None:
+        info["wall"]["voxels"] = wall
+    return info
+
+
+def check_outside(info: dict, shape, source: str = "the scan") -> None:
+    """Refuse an outside that covers the whole scan; say how much of it an outside leaves out."""
+    n, total = int(info["outside_voxels"]), int(np.prod(shape))
+    if n == total:
         raise InputError("no voxel is left for the sample (the outside covers the whole scan); check the scan, or "
                          "give --sample all or your own mask", source if source != "the scan" else None)
     if n:
         warnings.warn(f"{source}: {n} voxel(s) ({100.0 * n / total:.1f}% of the scan) lie outside the sample "
                       f"({info['found']}); every figure is of the sample's {total - n} voxels (--sample all measures "
-                      "the whole volume)", CtporeWarning, stacklevel=2)
-    return SampleMask(store, info, handle, fit, level=_solid_level(shape_fit))
+                      "the whole volume)", CtporeWarning, stacklevel=3)

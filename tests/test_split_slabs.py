@@ -110,3 +110,30 @@ def test_metrics_of_slabs_measured_apart_equal_those_of_slabs_added_in_order():
     want, got = added.result(), joined.result()
     assert got == want
     assert want["n_pores"] > 5 and want["n_tunnels"] > 5 and 0 < want["dice"] < 1  # the slabs share components
+
+
+def test_groups_of_cuts_run_as_one_task_each_in_z_order():
+    prob = probabilities(seed=8)
+    post = Postprocessing(confidence=0.8, min_size=4)
+    want, _ = post.apply(prob)
+    cuts = [(a, min(a + 5, 40)) for a in range(0, 40, 5)]
+    groups = [[0, 1, 2], [3], [4, 5, 6, 7]]
+    tasks, order = [], []
+
+    def count(fn, items):
+        items = list(items)
+        tasks.append(len(items))
+        return [fn(it) for it in reversed(items)][::-1]
+
+    got = np.zeros_like(want)
+
+    def on_slab(a, b, p, q):
+        got[a:b] = p
+        order.append(a)
+
+    post.run_split(lambda a, b: prob[a:b].copy(), cuts, on_slab, map_fn=count, groups=groups)
+    assert tasks == [3, 3, 3]  # a task a group, in each of the three passes
+    assert np.array_equal(got, want)
+    assert order == [20, 25, 30, 35, 15, 0, 5, 10]  # each group's cuts in z order (the groups ran backwards)
+    with pytest.raises(ValueError, match="every cut once"):
+        post.run_split(lambda a, b: prob[a:b].copy(), cuts, on_slab, groups=[[0, 1]])
