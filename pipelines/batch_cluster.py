@@ -25,9 +25,11 @@ def require_cluster() -> None:
                          "cluster extra: pip install '.[cluster]' in its folder)") from None
 
 
-def start_cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int, verbose: bool = False):
+def start_cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int, verbose: bool = False,
+                  retries: int = 0):
     """``(client, cluster or None, gpu)``: a client of the given scheduler or of a local cluster
-    (whose workers log at WARNING, INFO when ``verbose``)."""
+    (whose workers log at WARNING, INFO when ``verbose``). ``retries``: how often the local
+    scheduler runs a task again whose worker died (batch retries worker deaths itself: 0)."""
     import dask
     from distributed import Client, LocalCluster
 
@@ -37,7 +39,7 @@ def start_cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int, 
         gpu = any("GPU" in (w.get("resources") or {}) for w in info.get("workers", {}).values())
         return client, None, gpu
     gpus = cuda_count()
-    dask.config.set({"distributed.scheduler.allowed-failures": 0})  # this module retries worker deaths
+    dask.config.set({"distributed.scheduler.allowed-failures": int(retries)})
     quiet = {"silence_logs": logging.INFO if verbose else logging.WARNING}
     if gpus:
         try:

@@ -1,0 +1,426 @@
+"""One scan split into Z-slabs across the workers of a Dask cluster, with a single run's voxels and
+metrics (``ctpore reconstruct SCAN -o OUT --workers N``, or ``--scheduler ADDRESS``).
+
+What is global is computed once, by the driver: the sample's fitted shape
+(:func:`~ctpore.data.sample.find_sample`), the grey range over the sample's voxels, and the plan of
+tiles, chunks and post-processing slabs a single run takes (so that the voxels can be the same).
+Slabs start on multiples of the output stores' alignment and of the sample's code slabs; their size
+decides only where they start.
+
+1. Each slab's raw probabilities are computed from a warm-up of the model's reach along Z
+   (:func:`~ctpore.pipelines.stream_plan.warm_up`), so they hold the single run's bytes. They and
+   the slab's sample codes go to named files in a work folder beside the outputs
+   (``.<stem>.split/``), then a record of the slab. A rerun after the driver died finds the
+   records and computes only the slabs that have none; a worker that dies mid-slab has its slab
+   run again by the scheduler, from the start, to the same bytes.
+2. The post-processing runs on the slabs (:meth:`~ctpore.data.postprocess.Postprocessing.run_split`):
+   each rule on whole components takes one join of the slabs' component summaries (a union-find
+   on the driver, small).
+3. Each slab writes its pores, probability and sample mask into one OME-Zarr store per output, a
+   disjoint chunk-aligned region each (:class:`~ctpore.data.io.omezarr_split.SplitStore`), and
+   returns the summaries of its metrics, which the driver joins in z order.
+
+The stores take their names when every slab is written, the metrics file last, and the work
+folder is removed. The workers and the driver share a file system: the scan, the output folder
+and the work folder must be at the same paths on each.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from ctpore.atomic import atomic_write, write_json_atomic
+from ctpore.data.io import load_scan
+from ctpore.data.io.omezarr_split import SplitStore
+from ctpore.data.metrics import MetricsAccumulator
+from ctpore.data.normalize import NormalizedVolume, count_clipped, has_contrast, robust_range, warn_clipped
+from ctpore.data.normalize import warn_no_contrast
+from ctpore.data.postprocess import Postprocessing
+from ctpore.data.rim import RimCheck, clear_rim
+from ctpore.errors import InputError
+from ctpore.pipelines.sample_mask import CODE_SLABS, SampleMask, check_margin, check_outside, sample_info, solid_level
+from ctpore.progress import ProgressFn
+
+__all__ = ["SplitPlan", "reconstruct_split", "split_slabs"]
+
+PathLike = Union[str, os.PathLike]
+
+#: Slices of the finest chunks of a split run's stores (their alignment, :class:`SplitStore`).
+STORE_ALIGN = 64
+
+
+def split_slabs(nz: int, align: int, slab_slices: int) -> list[tuple[int, int]]:
+    """The slabs of ``nz`` slices: ``slab_slices`` each (rounded up to a multiple of ``align``), the
+    last what is left.
+
+    Examples
+    --------
+    >>> split_slabs(150, 16, 40)
+    [(0, 48), (48, 96), (96, 144), (144, 150)]
+    """
+    step = max(1, -(-int(slab_slices) // align)) * align
+    return [(z, min(nz, z + step)) for z in range(0, nz, step)]
+
+
+@dataclass
+class SplitPlan:
+    """What every slab's tasks need (small and picklable: sent to the workers)."""
+
+    scan: str
+    slice_axis: Optional[int]
+    shape: tuple
+    spacing_mm: tuple
+    weights: Optional[str]
+    device: str
+    precision: str
+    tile: int
+    chunk: int
+    sub: int  # slices per post-processing cut (the single run's slab)
+    lo: float
+    hi: float
+    fit: Any  # the found sample (a SampleFit with an outside), or None: every voxel is sample
+    margin: int
+    post: Postprocessing
+    work: str
+    stores: dict
+    slabs: list
+    middle: int
+    key: dict = field(default_factory=dict)  # what a rerun must find again to keep the work done
+
+    @property
+    def contrast(self) -> bool:
+        return has_contrast(self.lo, self.hi)
+
+    def file(self, kind: str, za: int, zb: int) -> Path:
+        suffix = {"raw": ".f32", "codes": ".u8", "record": ".json"}[kind]
+        return Path(self.work) / f"{kind}-{za:07d}-{zb:07d}{suffix}"
+
+    def slab_of(self, a: int) -> tuple[int, int]:
+        for za, zb in self.slabs:
+            if za <= a < zb:
+                return za, zb
+        raise ValueError(f"slice {a} is in no slab")
+
+
+# -- on the workers ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=2)
+def _predictor(weights: Optional[str], device: str):
+    from ctpore.pipelines.methods.learned import PoreFormerPredictor
+
+    return PoreFormerPredictor(weights, device)
+
+
+class _Codes:
+    """The sample's codes of slices ``start : stop`` in a nameless file, indexed by the scan's z."""
+
+    def __init__(self, folder: Path, start: int, stop: int, plane: tuple[int, int]):
+        self.start, self.shape = start, (stop, *plane)
+        self._fh = tempfile.TemporaryFile(prefix=".ctpore-split-codes-", dir=folder)
+        self.array = np.memmap(self._fh, dtype=np.uint8, mode="w+", shape=(stop - start, *plane))
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return self.array[key.start - self.start: key.stop - self.start]
+
+    def close(self) -> None:
+        del self.array
+        self._fh.close()
+
+
+class _Filled:
+    """Slices ``start : stop`` of the scan as float32, the outside filled as the single run fills it,
+    in a nameless file read window by window (what the model reads); the outside's counts of the
+    slab's own slices ``own : stop`` (those before are the warm-up, another slab's)."""
+
+    def __init__(self, scan, plan: SplitPlan, start: int, own: int, stop: int, codes: Optional[_Codes]):
+        self.shape, self.start = tuple(plan.shape), start
+        _, ny, nx = self.shape
+        self._fh = tempfile.TemporaryFile(prefix=".ctpore-split-scan-", dir=plan.work)
+        self.array = np.memmap(self._fh, dtype=np.float32, mode="w+", shape=(stop - start, ny, nx))
+        mask = SampleMask(codes, {}, level=solid_level(plan.fit)) if codes is not None else None
+        self.counts = {"outside": 0, "region": 0, "wall": 0}
+        for g0 in range(start // CODE_SLABS * CODE_SLABS, stop, CODE_SLABS):  # the single run's code slabs
+            g1 = min(self.shape[0], g0 + CODE_SLABS)
+            raw = np.asarray(scan[g0:g1], np.float32)
+            a, b = max(g0, start), min(g1, stop)
+            part = raw[a - g0: b - g0]
+            if codes is not None:
+                got, counts = plan.fit.outside(raw, g0, plan.margin)
+                codes.array[a - start: b - start] = got[a - g0: b - g0]
+                if g0 >= own:  # (slabs start on code slabs: a group is the slab's own or not at all)
+                    self.counts["outside"] += int(np.count_nonzero(got))
+                    self.counts["region"] += counts["region"]
+                    self.counts["wall"] += counts["wall"]
+                part = mask.fill(a, b, part)  # slice by slice, as the single run fills
+            self.array[a - start: b - start] = part
+
+    def read_window(self, z0: int, z1: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        return np.array(self.array[z0 - self.start: z1 - self.start, y0:y1, x0:x1])
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return np.array(self.array[key.start - self.start: key.stop - self.start])
+
+    def close(self) -> None:
+        del self.array
+        self._fh.close()
+
+
+def predict_slab(plan: SplitPlan, za: int, zb: int) -> dict:
+    """Step 1 on a worker: the slab's raw probabilities and sample codes into named files, then its
+    record (the outside's counts, the clipped voxels, the kernels that ran); a slab with a record
+    is done and not computed again."""
+    from ctpore.pipelines.stream import predict
+    from ctpore.pipelines.stream_plan import warm_up
+
+    record = plan.file("record", za, zb)
+    if record.exists():
+        return json.loads(record.read_text())
+    predictor = _predictor(plan.weights, plan.device)
+    early = warm_up(predictor.model, predictor.device)
+    start = 0 if early is None else max(0, za - early) // plan.chunk * plan.chunk
+    _, ny, nx = plan.shape
+    codes = _Codes(Path(plan.work), start, zb, (ny, nx)) if plan.fit is not None else None
+    out = {"backend": None, "clipped": 0}
+    try:
+        with load_scan(plan.scan, slice_axis=plan.slice_axis) as scan:
+            src = _Filled(scan, plan, start, za, zb, codes)
+        try:
+            raw_path = plan.file("raw", za, zb)
+            with atomic_write(raw_path) as tmp:
+                prob = np.memmap(tmp, dtype=np.float32, mode="w+", shape=(zb - za, ny, nx))
+                if plan.contrast:
+                    view = NormalizedVolume(src, plan.lo, plan.hi)
+                    predictor.model.reset_backends_ran()
+                    predict(predictor.model, view, chunk_slices=plan.chunk, tile=plan.tile, device=predictor.device,
+                            out=prob, precision=plan.precision, z_range=(za, zb))
+                    out["backend"] = predictor.model.backends_ran()
+                    if view.saw_clipping:
+                        out["clipped"] = count_clipped(src.array[za - start:], plan.lo, plan.hi)
+                prob.flush()
+                del prob
+            out.update(src.counts)
+        finally:
+            src.close()
+        if codes is not None:
+            with atomic_write(plan.file("codes", za, zb)) as tmp:
+                tmp.write_bytes(np.ascontiguousarray(codes.array[za - start:]).tobytes())
+    finally:
+        if codes is not None:
+            codes.close()
+    write_json_atomic(record, out)  # last: the slab is done
+    return out
+
+
+def _read(plan: SplitPlan, kind: str, a: int, b: int) -> np.ndarray:
+    za, zb = plan.slab_of(a)
+    _, ny, nx = plan.shape
+    dtype = np.float32 if kind == "raw" else np.uint8
+    n = (b - a) * ny * nx
+    return np.fromfile(plan.file(kind, za, zb), dtype=dtype, count=n,
+                       offset=(a - za) * ny * nx * np.dtype(dtype).itemsize).reshape(b - a, ny, nx)
+
+
+def read_raw(plan: SplitPlan, a: int, b: int) -> np.ndarray:
+    """Raw probabilities of slices ``a:b`` (within one slab), the outside and the surface's rim
+    cleared as the single run clears them."""
+    prob = _read(plan, "raw", a, b).copy()
+    if plan.fit is not None:
+        clear_rim(prob, _read(plan, "codes", a, b))
+    return prob
+
+
+def write_slab(plan: SplitPlan, a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> dict:
+    """Step 3 on a worker: slices ``a:b``'s outputs into the stores; their metrics' summaries."""
+    codes = _read(plan, "codes", a, b) if plan.fit is not None else None
+    inside = None if codes is None else codes == 0
+    plan.stores["pores"].write(a, pores)
+    plan.stores["prob"].write(a, prob)
+    rim = RimCheck()
+    if inside is not None:
+        plan.stores["sample"].write(a, inside.view(np.uint8))
+        for z in range(a + (-a) % 8, b, 8):  # every 8th slice of a found sample, as the single run
+            rim.add(pores[z - a], codes[z - a])
+    summary = MetricsAccumulator(plan.shape, plan.spacing_mm).summarize(pores, prob, None, inside)
+    picture = inside[plan.middle - a].copy() if inside is not None and a <= plan.middle < b else None
+    return {"metrics": summary, "rim": rim.counts, "picture": picture}
+
+
+# -- on the driver ----------------------------------------------------------------------------------
+
+
+class _FitOutside:
+    """The outside (bool) of any slices, computed from the fit: what the grey range leaves out."""
+
+    def __init__(self, scan, fit, margin: int):
+        self.scan, self.fit, self.margin, self.shape = scan, fit, margin, tuple(scan.shape)
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return self.fit.outside(np.asarray(self.scan[key], np.float32), key.start, self.margin)[0] > 0
+
+
+def _dask_map(client, progress: ProgressFn = None, stage: str = ""):
+    def run(fn, items):
+        from distributed import as_completed
+
+        futures = client.map(fn, list(items), pure=False)
+        for i, _ in enumerate(as_completed(futures)):
+            if progress is not None:
+                progress(i + 1, len(futures), stage)
+        return client.gather(futures)
+    return run
+
+
+def _prepare_work(plan: SplitPlan) -> None:
+    """The work folder, kept from an interrupted run of the same plan (its slabs are done), else new."""
+    work = Path(plan.work)
+    keyfile = work / "plan.json"
+    try:
+        same = json.loads(keyfile.read_text()) == plan.key
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        for p in work.glob("*") if work.is_dir() else ():
+            p.unlink()
+        for store in plan.stores.values():
+            store.discard()
+        work.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(keyfile, plan.key)
+    for store in plan.stores.values():
+        store.create()
+
+
+def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights: Optional[PathLike] = None,
+                      device: str = "cpu", slice_axis: Optional[int] = None, memory_gb: float = 1.5,
+                      precision: str = "auto", sample: str = "auto", sample_margin: int = 0,
+                      overwrite: bool = False, slab_slices: Optional[int] = None, chunk_slices: Optional[int] = None,
+                      tile: Optional[int] = None, progress: ProgressFn = None, annotate: Optional[dict] = None) -> dict:
+    """Reconstruct one scan file with PoreFormer split into Z-slabs across ``client``'s workers (see
+    the module docstring); the outputs are OME-Zarr stores. ``slab_slices``: slices a slab (default:
+    eight times the model's reach, rounded up to the stores' alignment, at least 1/2 of the slices per
+    worker). Other parameters as :func:`~ctpore.pipelines.reconstruct.reconstruct_file`.
+
+    Returns
+    -------
+    dict
+        ``{"pores": Path, "prob": Path, "metrics": Path, "sample": Path, "result": metrics dict}``.
+    """
+    from ctpore.pipelines.budget import plan_run
+    from ctpore.pipelines.claims import claim_run
+    from ctpore.pipelines.outputs import check_outputs, finish_metrics, other_format_outputs, output_set
+    from ctpore.pipelines.reconstruct_run import run_metrics
+    from ctpore.pipelines.sample_picture import write_sample_picture
+    from ctpore.pipelines.stream_plan import warm_up
+    from ctpore.data.io.omezarr_write import remove_tree
+    from ctpore.data.sample import find_sample
+
+    t0 = time.perf_counter()
+    margin = check_margin(sample_margin)
+    if not isinstance(sample, str) or sample not in ("auto", "all"):
+        raise InputError("a scan split across workers finds its sample (--sample auto) or takes every voxel "
+                         "(--sample all); for your own mask, run it in one process")
+    paths = check_outputs(scan_path, outdir, overwrite, "ome-zarr")
+    source = str(scan_path)
+    with claim_run(paths, overwrite, None) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
+        predictor = _predictor(None if weights is None else str(weights), device)
+        disk.check(scan, predictor, memory_gb=memory_gb, tile=tile, chunk_slices=chunk_slices, sample=sample,
+                   precision=precision)
+        geometry, shape = scan.geometry, tuple(int(s) for s in scan.shape)
+        stages: dict = {}
+        run_plan = plan_run(shape, predictor, memory_gb, None, tile=tile, chunk_slices=chunk_slices,
+                            precision=precision)
+        units_known = getattr(geometry, "units", "mm") != "unknown"
+        fit = find_sample(scan, geometry.spacing_mm) if sample == "auto" else None
+        outside_fit = fit if fit is not None and fit.has_outside else None
+        if outside_fit is None and margin:
+            warnings.warn(f"{source}: --sample-margin {margin} is not applied (the sample has no surface); every "
+                          "figure is of the whole volume", stacklevel=2)
+        lo, hi = robust_range(scan, outside=_FitOutside(scan, outside_fit, margin) if outside_fit else None)
+        if not has_contrast(lo, hi):
+            warn_no_contrast(lo)
+        stages["sample_and_range"] = round(time.perf_counter() - t0, 3)
+        stores = {k: SplitStore(paths[k], geometry, t, align=STORE_ALIGN)
+                  for k, t in (("pores", np.uint8), ("prob", np.float32), ("sample", np.uint8))
+                  if k != "sample" or outside_fit is not None}
+        align = math.lcm(CODE_SLABS, *(s.alignment for s in stores.values()))
+        reach = warm_up(predictor.model, predictor.device) or shape[0]
+        workers = max(1, len(client.scheduler_info().get("workers", {})))
+        size = slab_slices or max(8 * reach, -(-shape[0] // (2 * workers)))
+        slabs = split_slabs(shape[0], align, size)
+        stem = Path(paths["metrics"]).name[: -len("_metrics.json")]
+        plan = SplitPlan(
+            scan=str(Path(scan_path).resolve()), slice_axis=slice_axis, shape=shape, spacing_mm=geometry.spacing_mm,
+            weights=None if weights is None else str(weights), device=str(device), precision=precision,
+            tile=run_plan.tile, chunk=run_plan.chunk_slices, sub=run_plan.slab, lo=lo, hi=hi, fit=outside_fit,
+            margin=margin, post=predictor.post, work=str(Path(outdir) / f".{stem}.split"), stores=stores,
+            slabs=slabs, middle=shape[0] // 2)
+        plan.key = {"scan": plan.scan, "shape": list(shape), "slabs": [list(s) for s in slabs], "lo": lo, "hi": hi,
+                    "weights": predictor.info["model"]["sha256"], "precision": precision, "tile": plan.tile,
+                    "chunk": plan.chunk, "margin": margin, "sample": sample,
+                    "fit": None if outside_fit is None else outside_fit.describe(units_known)}
+        with output_set(paths):
+            _prepare_work(plan)
+            clock = time.perf_counter()
+            done = _dask_map(client, progress, "slabs")(lambda ab: predict_slab(plan, *ab), slabs)
+            stages["predict"] = round(time.perf_counter() - clock, 3)
+            clock = time.perf_counter()
+            counts = tuple(sum(d[k] for d in done) for k in ("outside", "region", "wall"))
+            info_sample = (sample_info(outside_fit, units_known, counts, margin) if outside_fit is not None
+                           else sample_info(fit, units_known))
+            check_outside(info_sample, shape, source)
+            clipped = sum(d["clipped"] for d in done)
+            if clipped:
+                warn_clipped(clipped, int(np.prod(shape)), lo, hi)
+            cuts = [(a, min(a + plan.sub, zb)) for za, zb in slabs for a in range(za, zb, plan.sub)]
+            groups = [[i for i, (a, _) in enumerate(cuts) if za <= a < zb] for za, zb in slabs]
+            post = plan.post
+            results = post.run_split(functools.partial(read_raw, plan), cuts, functools.partial(write_slab, plan),
+                                     map_fn=_dask_map(client), groups=groups)
+            acc, rim, picture = MetricsAccumulator(shape, geometry.spacing_mm), RimCheck(), None
+            for r in results:
+                acc.join(r["metrics"])
+                rim.counts += r["rim"]
+                picture = r["picture"] if r["picture"] is not None else picture
+            backends = sorted({d["backend"] for d in done if d["backend"]})
+            info = {**predictor.info, "attention_backend": "+".join(backends) or None,
+                    "precision": _precision_name(precision, predictor.device)}
+            metrics = run_metrics(acc, geometry, predictor.name, info, clipped=clipped, post=post, sample=info_sample,
+                                  fit=outside_fit, rim=rim, source=source, truth=False)
+            stages["postprocess_and_write"] = round(time.perf_counter() - clock, 3)
+            metrics["stage_seconds"] = stages
+            metrics["split"] = {"slabs": len(slabs), "slab_slices": slabs[0][1] - slabs[0][0], "workers": workers}
+            for store in stores.values():
+                store.finish()
+            if picture is not None:
+                grey = np.asarray(scan[plan.middle: plan.middle + 1], np.float32)[0]
+                write_sample_picture(paths["sample_png"], grey, picture, lo, hi)
+            stale = other_format_outputs(paths) + ([paths["sample"], paths["sample_png"]]
+                                                   if not metrics["sample"]["outside_voxels"] else [])
+            for p in stale:  # an earlier run's (--overwrite): the files of a stem are one run's
+                remove_tree(p)
+            from ctpore.version import __version__
+
+            finish_metrics(metrics, geometry, source)
+            metrics["seconds"] = round(time.perf_counter() - t0, 3)
+            metrics["ctpore_version"] = __version__
+            metrics.update(annotate or {})
+            write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole
+            remove_tree(plan.work)
+    return {**paths, "result": metrics}
+
+
+def _precision_name(precision: str, device) -> str:
+    from ctpore.pipelines.precision import precision_name
+
+    return precision_name(precision, device)
