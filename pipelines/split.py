@@ -185,8 +185,8 @@ def predict_slab(plan: SplitPlan, za: int, zb: int) -> dict:
     from ctpore.pipelines.stream_plan import warm_up
 
     record = plan.file("record", za, zb)
-    if record.exists():
-        return json.loads(record.read_text())
+    if record.exists():  # done by an earlier, interrupted run
+        return {**json.loads(record.read_text()), "done_before": True}
     predictor = _predictor(plan.weights, plan.device)
     early = warm_up(predictor.model, predictor.device)
     start = 0 if early is None else max(0, za - early) // plan.chunk * plan.chunk
@@ -399,7 +399,8 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
                                   fit=outside_fit, rim=rim, source=source, truth=False)
             stages["postprocess_and_write"] = round(time.perf_counter() - clock, 3)
             metrics["stage_seconds"] = stages
-            metrics["split"] = {"slabs": len(slabs), "slab_slices": slabs[0][1] - slabs[0][0], "workers": workers}
+            metrics["split"] = {"slabs": len(slabs), "slab_slices": slabs[0][1] - slabs[0][0], "workers": workers,
+                                "slabs_done_before": sum(bool(d.get("done_before")) for d in done)}
             for store in stores.values():
                 store.finish()
             if picture is not None:

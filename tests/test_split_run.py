@@ -1,0 +1,152 @@
+"""One scan split into Z-slabs across a 2-worker Dask cluster gives the single run's outputs.
+
+The truth is ``reconstruct_file`` in one process with the same options: every voxel of the pores,
+the probability and the sample mask (every pyramid level), and every metric but the seconds (and
+the split's own entry). Also: a worker killed mid-slab is run again to the same bytes, and a driver
+killed mid-run leaves work that a rerun finishes, computing only the slabs it had not recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+zarr = pytest.importorskip("zarr")
+
+from ctpore.data.io import geometry_from_array, save_volume  # noqa: E402
+from ctpore.data.synthetic import make_pair  # noqa: E402
+from ctpore.pipelines.reconstruct import reconstruct_file  # noqa: E402
+from ctpore.pipelines.split import reconstruct_split  # noqa: E402
+
+SLAB = 64  # slices a slab: 4 slabs of each 256-slice scan
+SCANS = {"core.nii": ("core-air-offcentre", 5), "plain.nii.gz": (None, 6), "tube.tif": ("tube-gap", 7)}
+NOT_COMPARED = {"seconds", "stage_seconds", "split"}
+
+
+@pytest.fixture(scope="module")
+def scans(tmp_path_factory):
+    """Three 256-slice scans (an off-centre core in air, a plain stack, a core in a tube) in three
+    formats, and each one's single-process run."""
+    folder = tmp_path_factory.mktemp("split")
+    out = {}
+    for name, (scene, seed) in SCANS.items():
+        vol, _truth, info = make_pair(seed, shape=(256, 64, 64), scene=scene)
+        spacing = tuple(info["scene"]["spacing_mm"]) if scene else (0.01, 0.01, 0.01)
+        path = save_volume(folder / name, np.asarray(vol), geometry_from_array(vol.shape, spacing))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            single = reconstruct_file(path, folder / "one", output_format="ome-zarr")
+        out[name] = (path, single)
+    return folder, out
+
+
+@pytest.fixture(scope="module")
+def client():
+    import dask
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 3}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                     dashboard_address=None) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def split(path, outdir, client, **kw) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return reconstruct_split(path, outdir, client, slab_slices=SLAB, **kw)
+
+
+def assert_same(single: dict, got: dict) -> None:
+    for kind in ("pores", "prob", "sample"):
+        there = Path(single[kind]).exists()
+        assert Path(got[kind]).exists() == there, kind
+        if there:
+            a, b = zarr.open_group(str(single[kind]), mode="r"), zarr.open_group(str(got[kind]), mode="r")
+            assert sorted(a.array_keys()) == sorted(b.array_keys())
+            for k in a.array_keys():
+                assert np.array_equal(a[k][:], b[k][:]), (kind, k)
+    m1, m2 = single["result"], got["result"]
+    def compared(m):
+        return {k: v for k, v in m.items() if k not in NOT_COMPARED}
+
+    assert compared(m1) == compared(m2)
+
+
+@pytest.mark.parametrize("name", list(SCANS))
+def test_a_scan_split_into_four_slabs_equals_the_single_run(scans, client, name, tmp_path):
+    folder, runs = scans
+    path, single = runs[name]
+    got = split(path, tmp_path, client)
+    assert got["result"]["split"]["slabs"] == 4
+    assert_same(single, got)
+    if name != "plain.nii.gz":  # a sample was found: the test compares its mask too
+        assert single["result"]["sample"]["outside_voxels"] > 0
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no work folder, no store left behind
+
+
+def test_a_worker_killed_mid_slab_is_run_again_to_the_same_bytes(scans, client, tmp_path):
+    path, single = scans[1]["core.nii"]
+    result, errors = {}, []
+
+    def driver():
+        try:
+            result["got"] = split(path, tmp_path, client)
+        except BaseException as exc:  # noqa: BLE001 (the test thread reports it)
+            errors.append(exc)
+
+    pids = client.run(os.getpid)  # {worker address: its process}
+    thread = threading.Thread(target=driver)
+    thread.start()
+    killed = None
+    deadline = time.time() + 120
+    while killed is None and time.time() < deadline and thread.is_alive():
+        busy = [w for w, tasks in client.processing().items() if tasks]
+        if busy:
+            killed = busy[0]
+            os.kill(pids[killed], signal.SIGKILL)  # the worker's process dies mid-task
+        time.sleep(0.02)
+    thread.join(300)
+    assert killed is not None, "no task was ever seen running"
+    assert not errors, errors
+    assert killed not in set(client.scheduler_info()["workers"])  # it really died (its nanny started another)
+    assert_same(single, result["got"])
+
+
+def test_a_driver_killed_mid_run_is_finished_by_a_rerun_that_computes_only_the_missing_slabs(scans, client, tmp_path):
+    path, single = scans[1]["core.nii"]
+    work = tmp_path / ".core.split"
+    code = textwrap.dedent(f"""
+        import warnings
+        from distributed import Client
+        from ctpore.pipelines.split import reconstruct_split
+        warnings.simplefilter("ignore")
+        reconstruct_split({str(path)!r}, {str(tmp_path)!r}, Client({client.scheduler.address!r}), slab_slices={SLAB})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CTPORE_NO_PROGRESS": "1"})
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not list(work.glob("record-*.json")):
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    first = list(work.glob("record-*.json"))
+    assert 1 <= len(first) < 4, f"the driver was killed with {len(first)} of 4 slabs recorded"
+    time.sleep(2.0)  # slabs still running on the workers when the driver died end (and record themselves)
+    done = {p.name: (p.stat().st_mtime_ns, p.read_text()) for p in work.glob("record-*.json")}
+    assert not (tmp_path / "core_metrics.json").exists()  # nothing looks finished
+    got = split(path, tmp_path, client)
+    assert_same(single, got)
+    assert not work.exists()
+    assert got["result"]["split"]["slabs_done_before"] == len(done) < 4  # only the missing slabs were computed
+    assert all("outside" in json.loads(text) for _mtime, text in done.values())
