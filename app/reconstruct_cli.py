@@ -73,9 +73,17 @@ __all__ = ["reconstruct"]
 @_option("--flow", is_flag=True, show_default=True,
          help="Also the permeability and tortuosity per axis (as ctpore analyze --flow) on the largest cube up to "
               "200^3 inside the sample that fits --memory-gb (needs the analysis extra); implies --analyze.")
+@_option("--workers", default=None, type=click.IntRange(1), show_default="one process",
+         help="Split each scan into Z-slabs across a local Dask cluster of this many workers (PoreFormer; the "
+              "same voxels and metrics as one process; OME-Zarr outputs). See docs/scale.md.")
+@_option("--scheduler", default=None, show_default="one process",
+         help="Split each scan into Z-slabs across the workers of a running Dask scheduler (tcp://host:8786); "
+              "the workers must see the scan and OUTDIR at the same paths.")
+@_option("--slab-slices", default=None, type=click.IntRange(1), show_default="8 x the model's reach along Z",
+         help="With --workers or --scheduler: slices per slab (rounded up to the outputs' chunk alignment).")
 def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, device, memory_gb, gpu_memory_gb,
                 chunk_slices, tile, precision, attention_backend, min_pore_voxels, sample, sample_margin, tmp_dir,
-                output_format, analyze, flow):
+                output_format, analyze, flow, workers, scheduler, slab_slices):
     """Reconstruct the 3D pores of SCANS (NIfTI, TIFF, HDF, MetaImage, NRRD or OME-Zarr files, or folders of slices).
 
     Writes OUTDIR/<stem>_pores.nii.gz (1 = pore), <stem>_prob.nii.gz (pore probability) and
@@ -95,6 +103,10 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
     then follow the GPU's free memory (at most --gpu-memory-gb) and --memory-gb bounds the host
     (CUDA's libraries count in it). See docs/performance.md for measured figures.
 
+    Split runs (--workers N or --scheduler ADDRESS) cut each scan in turn into Z-slabs computed on
+    the Dask workers, with the same voxels and metrics as one process; a rerun after the driver
+    died computes only the slabs it had not finished (docs/scale.md).
+
     Exit codes: 0 done; 2 bad input or usage (one line on stderr per bad scan, naming the file);
     1 internal error (ctpore batch: 3 when some scans failed).
     """
@@ -102,11 +114,29 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
 
     if truth is not None and len(scans) > 1:
         raise InputError("--truth applies to a single scan; give one SCAN with it")
+    split = workers is not None or scheduler is not None
+    if split:
+        given = click.get_current_context().get_parameter_source("output_format")
+        output_format = _split_checks(method, truth, analyze or flow, sample, tmp_dir, gpu_memory_gb, output_format,
+                                      given == click.core.ParameterSource.DEFAULT)
+        client, cluster = _split_cluster(scheduler, workers)
+    elif slab_slices is not None:
+        raise InputError("--slab-slices applies to a split run: give --workers N or --scheduler ADDRESS with it")
     failed = 0
     for scan in scans:
         try:
             with _Progress(scan.name) as bar:
-                out = reconstruct_file(
+                if split:
+                    from ctpore.pipelines.split import reconstruct_split
+
+                    out = reconstruct_split(
+                        scan, outdir, client, weights=weights, device=device, slice_axis=slice_axis,
+                        memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
+                        min_pore_voxels=min_pore_voxels, sample=sample, sample_margin=sample_margin,
+                        overwrite=overwrite, slab_slices=slab_slices, chunk_slices=chunk_slices, tile=tile,
+                        progress=bar)
+                else:
+                    out = reconstruct_file(
                     scan, outdir, method, overwrite=overwrite, weights=weights, device=device,
                     slice_axis=slice_axis, truth=truth, chunk_slices=chunk_slices, tile=tile, progress=bar,
                     memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
@@ -134,4 +164,33 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
             unit = "D" if "permeability_zyx_darcy" in m else "voxel^2"
             line += f"  k_z {k[0]:.4g} {unit}" if k[0] is not None else "  k_z -"
         click.echo(line)
+    if split:
+        client.close()
+        if cluster is not None:
+            cluster.close()
     return EXIT_INPUT if failed else EXIT_OK
+
+
+def _split_checks(method, truth, analyze, sample, tmp_dir, gpu_memory_gb, output_format, default_format) -> str:
+    """What a split run takes (the output format it writes), or an InputError naming what it does not."""
+    no = [(method not in ("auto", "poreformer"), f"--method {method} (PoreFormer alone is split: its reach along Z "
+                                                  "is known)"),
+          (truth is not None, "--truth"), (analyze, "--analyze or --flow (run ctpore analyze on its pores)"),
+          (sample not in ("auto", "all"), "--sample MASK"), (tmp_dir is not None, "--tmp-dir (its work folder is "
+                                                                                  "beside the outputs, shared)"),
+          (gpu_memory_gb is not None, "--gpu-memory-gb"),
+          (output_format != "ome-zarr" and not default_format, "--output-format nifti (a split run writes OME-Zarr "
+                                                               "stores, one region per worker)")]
+    bad = [what for cond, what in no if cond]
+    if bad:
+        raise InputError("a split run (--workers or --scheduler) does not take " + "; ".join(bad)
+                         + "; run those in one process")
+    return "ome-zarr"
+
+
+def _split_cluster(scheduler, workers):
+    from ctpore.pipelines.batch_cluster import require_cluster, start_cluster
+
+    require_cluster()
+    client, cluster, _gpu = start_cluster(scheduler, workers or 2, 1, retries=3)
+    return client, cluster

@@ -83,6 +83,7 @@ class SplitPlan:
     spacing_mm: tuple
     weights: Optional[str]
     device: str
+    attention_backend: Optional[str]
     precision: str
     tile: int
     chunk: int
@@ -117,10 +118,10 @@ class SplitPlan:
 
 
 @functools.lru_cache(maxsize=2)
-def _predictor(weights: Optional[str], device: str):
+def _predictor(weights: Optional[str], device: str, attention_backend: Optional[str]):
     from ctpore.pipelines.methods.learned import PoreFormerPredictor
 
-    return PoreFormerPredictor(weights, device)
+    return PoreFormerPredictor(weights, device, attention_backend)
 
 
 class _Codes:
@@ -187,7 +188,7 @@ def predict_slab(plan: SplitPlan, za: int, zb: int) -> dict:
     record = plan.file("record", za, zb)
     if record.exists():  # done by an earlier, interrupted run
         return {**json.loads(record.read_text()), "done_before": True}
-    predictor = _predictor(plan.weights, plan.device)
+    predictor = _predictor(plan.weights, plan.device, plan.attention_backend)
     early = warm_up(predictor.model, predictor.device)
     start = 0 if early is None else max(0, za - early) // plan.chunk * plan.chunk
     _, ny, nx = plan.shape
@@ -303,7 +304,8 @@ def _prepare_work(plan: SplitPlan) -> None:
 
 def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights: Optional[PathLike] = None,
                       device: str = "cpu", slice_axis: Optional[int] = None, memory_gb: float = 1.5,
-                      precision: str = "auto", sample: str = "auto", sample_margin: int = 0,
+                      precision: str = "auto", attention_backend: Optional[str] = None,
+                      min_pore_voxels: Optional[int] = None, sample: str = "auto", sample_margin: int = 0,
                       overwrite: bool = False, slab_slices: Optional[int] = None, chunk_slices: Optional[int] = None,
                       tile: Optional[int] = None, progress: ProgressFn = None, annotate: Optional[dict] = None) -> dict:
     """Reconstruct one scan file with PoreFormer split into Z-slabs across ``client``'s workers (see
@@ -333,7 +335,7 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
     paths = check_outputs(scan_path, outdir, overwrite, "ome-zarr")
     source = str(scan_path)
     with claim_run(paths, overwrite, None) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
-        predictor = _predictor(None if weights is None else str(weights), device)
+        predictor = _predictor(None if weights is None else str(weights), device, attention_backend)
         disk.check(scan, predictor, memory_gb=memory_gb, tile=tile, chunk_slices=chunk_slices, sample=sample,
                    precision=precision)
         geometry, shape = scan.geometry, tuple(int(s) for s in scan.shape)
@@ -361,13 +363,15 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
         stem = Path(paths["metrics"]).name[: -len("_metrics.json")]
         plan = SplitPlan(
             scan=str(Path(scan_path).resolve()), slice_axis=slice_axis, shape=shape, spacing_mm=geometry.spacing_mm,
-            weights=None if weights is None else str(weights), device=str(device), precision=precision,
+            weights=None if weights is None else str(weights), device=str(device),
+            attention_backend=attention_backend, precision=precision,
             tile=run_plan.tile, chunk=run_plan.chunk_slices, sub=run_plan.slab, lo=lo, hi=hi, fit=outside_fit,
-            margin=margin, post=predictor.post, work=str(Path(outdir) / f".{stem}.split"), stores=stores,
+            margin=margin, post=predictor.post.with_user_rules(min_pore_voxels),
+            work=str(Path(outdir) / f".{stem}.split"), stores=stores,
             slabs=slabs, middle=shape[0] // 2)
         plan.key = {"scan": plan.scan, "shape": list(shape), "slabs": [list(s) for s in slabs], "lo": lo, "hi": hi,
                     "weights": predictor.info["model"]["sha256"], "precision": precision, "tile": plan.tile,
-                    "chunk": plan.chunk, "margin": margin, "sample": sample,
+                    "chunk": plan.chunk, "margin": margin, "sample": sample, "post": plan.post.describe(),
                     "fit": None if outside_fit is None else outside_fit.describe(units_known)}
         with output_set(paths):
             _prepare_work(plan)

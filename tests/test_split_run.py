@@ -29,6 +29,7 @@ from ctpore.data.io import geometry_from_array, save_volume  # noqa: E402
 from ctpore.data.synthetic import make_pair  # noqa: E402
 from ctpore.pipelines.reconstruct import reconstruct_file  # noqa: E402
 from ctpore.pipelines.split import reconstruct_split  # noqa: E402
+from helpers import run_cli  # noqa: E402
 
 SLAB = 64  # slices a slab: 4 slabs of each 256-slice scan
 SCANS = {"core.nii": ("core-air-offcentre", 5), "plain.nii.gz": (None, 6), "tube.tif": ("tube-gap", 7)}
@@ -150,3 +151,24 @@ def test_a_driver_killed_mid_run_is_finished_by_a_rerun_that_computes_only_the_m
     assert not work.exists()
     assert got["result"]["split"]["slabs_done_before"] == len(done) < 4  # only the missing slabs were computed
     assert all("outside" in json.loads(text) for _mtime, text in done.values())
+
+
+def test_the_command_line_splits_a_scan_on_a_local_cluster(scans, tmp_path, capsys):
+    path, single = scans[1]["core.nii"]
+    code, out, _err = run_cli(["reconstruct", path, "-o", tmp_path, "--workers", "2", "--slab-slices", SLAB], capsys)
+    assert code == 0, out
+    got = json.loads((tmp_path / "core_metrics.json").read_text())
+    assert got["split"]["slabs"] == 4 and got["porosity"] == single["result"]["porosity"]
+    assert got["n_pores"] == single["result"]["n_pores"]
+
+
+@pytest.mark.parametrize("args, what", [
+    (["--truth", "x.nii"], "--truth"), (["--analyze"], "--analyze"), (["--method", "otsu"], "--method otsu"),
+    (["--output-format", "nifti"], "--output-format nifti"), (["--sample", "mask.nii"], "--sample MASK")])
+def test_what_a_split_run_does_not_take_is_refused_in_one_line_before_any_work(scans, tmp_path, args, what, capsys):
+    path, _ = scans[1]["core.nii"]
+    code, _out, err = run_cli(["reconstruct", path, "-o", tmp_path / "out", "--workers", "2", *args], capsys)
+    assert code == 2
+    assert what in err and "run those in one process" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
