@@ -267,3 +267,36 @@ def bench_flow(cube, sim_size, workdir, outdir):
     jpath, mpath = write_flow_report(res, outdir, typed_command(click.get_current_context()))
     click.echo(f"wrote {mpath} and {jpath}")
     return EXIT_OK
+
+
+@bench.command("split")
+@_option("--shape", default="896x256x256", show_default=True, help="Scan shape Z x Y x X (a simulated core in air).")
+@_option("--slab-slices", default=None, type=click.IntRange(1), show_default="8 x the model's reach along Z",
+         help="Slices per slab.")
+@_option("--workdir", default=Path("runs/split"), show_default=True, type=click.Path(path_type=Path),
+         help="Where the scan and the outputs go.")
+@_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
+         help="Where scale.md and scale.json are written.")
+def bench_split(shape, slab_slices, workdir, outdir):
+    """One scan reconstructed in one process and split across local clusters of 1 and 2 workers, each
+    in a process of its own: wall and CPU seconds, the split's extra work (warm-up halos and joins),
+    per-slab times, and a model of 2048^3 and 4096^3 scans on N nodes. Writes OUTDIR/scale.md and .json."""
+    from ctpore.pipelines.batch_cluster import require_cluster
+    from ctpore.pipelines.bench.split import bench_split as run
+    from ctpore.pipelines.bench.split import write_scale_report
+
+    require_cluster()
+    try:
+        dims = tuple(int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 8:
+        raise InputError(f"--shape must be Z x Y x X with every size >= 8, like 896x256x256; got {shape!r}")
+    with _Progress("bench split") as bar:
+        res = run(shape=dims, slab_slices=slab_slices, workdir=workdir, progress=bar)
+    jpath, mpath = write_scale_report(res, outdir, typed_command(click.get_current_context()))
+    for n, r in res["split"].items():
+        click.echo(f"{n} worker(s): {r['wall_s']} s (one process {res['single']['wall_s']} s), extra work "
+                   f"{100 * r['extra_share']:.1f}%, same voxels and metrics: {r['same_voxels'] and r['same_metrics']}")
+    click.echo(f"wrote {mpath} and {jpath}")
+    return EXIT_OK

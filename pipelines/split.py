@@ -219,6 +219,7 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
             metrics["split"] = {"slabs": len(slabs), "slab_slices": slabs[0][1] - slabs[0][0], "workers": workers,
                                 "slabs_done_before": sum(bool(d.get("done_before")) for d in done),
                                 "warm_up_slices": sum(d["warm_up_slices"] for d in done),
+                                "slab_warm_up_slices": [d["warm_up_slices"] for d in done],
                                 "slab_seconds": [d["seconds"] for d in done],
                                 "slab_cpu_seconds": [d["cpu_seconds"] for d in done],
                                 # the driver's CPU while the slabs post-process and write, and it joins them
