@@ -71,8 +71,13 @@ class SplitPlan:
 
 @functools.lru_cache(maxsize=2)
 def slab_predictor(weights: Optional[str], device: str, attention_backend: Optional[str]):
-    """The PoreFormer predictor of a worker process (loaded once, for every slab it runs)."""
+    """The PoreFormer predictor of a worker process (loaded once, for every slab it runs). The worker
+    is the run's: its allocator keeps freed memory for reuse, as the ``ctpore`` command's does
+    (:func:`~ctpore.runtime.tune_allocator`; a Dask worker is started with aggressive trimming)."""
     from ctpore.pipelines.methods.learned import PoreFormerPredictor
+    from ctpore.runtime import tune_allocator
+
+    tune_allocator()
 
     return PoreFormerPredictor(weights, device, attention_backend)
 

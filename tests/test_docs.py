@@ -15,7 +15,7 @@ README_MAX_LINES = 260  # "README at most ~250 lines": a later feature adds a sh
 
 # the pages that commands write (each says which command on its first lines): the sources of every figure
 GENERATED = ("benchmark.md", "performance.md", "sample.md", "further/benchmark.md", "adapt.md", "analysis.md",
-             "flow.md")
+             "flow.md", "scale.md")
 
 
 def generated_pages() -> dict[str, str]:

@@ -38,6 +38,8 @@ MODEL_NODES = (1, 4, 16, 64)
 _SINGLE = """
 import json, resource, time, warnings
 warnings.simplefilter("ignore")
+from ctpore.runtime import tune_allocator
+tune_allocator()  # as the ctpore command does
 from ctpore.pipelines.reconstruct import reconstruct_file
 t = time.perf_counter()
 r = reconstruct_file({scan!r}, {out!r}, output_format="ome-zarr", overwrite=True)
@@ -49,6 +51,8 @@ print("RESULT", json.dumps({{"wall": wall, "cpu": sum(u.ru_utime + u.ru_stime fo
 _SPLIT = """
 import json, resource, time, warnings
 warnings.simplefilter("ignore")
+from ctpore.runtime import tune_allocator
+tune_allocator()  # as the ctpore command does (the workers tune their own)
 from ctpore.pipelines.batch_cluster import start_cluster
 from ctpore.pipelines.split import reconstruct_split
 client, cluster, _ = start_cluster(None, {workers}, 1, retries=3)
