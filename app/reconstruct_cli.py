@@ -75,7 +75,8 @@ __all__ = ["reconstruct"]
               "200^3 inside the sample that fits --memory-gb (needs the analysis extra); implies --analyze.")
 @_option("--workers", default=None, type=click.IntRange(1), show_default="one process",
          help="Split each scan into Z-slabs across a local Dask cluster of this many workers (PoreFormer; the "
-              "same voxels and metrics as one process; OME-Zarr outputs). See docs/scale.md.")
+              "same voxels and metrics as one process; OME-Zarr outputs unless --output-format nifti is given, "
+              "which the driver then writes in one serial pass). See docs/scale.md.")
 @_option("--scheduler", default=None, show_default="one process",
          help="Split each scan into Z-slabs across the workers of a running Dask scheduler (tcp://host:8786); "
               "the workers must see the scan and OUTDIR at the same paths.")
@@ -134,7 +135,7 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
                         memory_gb=memory_gb, precision=precision, attention_backend=attention_backend,
                         min_pore_voxels=min_pore_voxels, sample=sample, sample_margin=sample_margin,
                         overwrite=overwrite, slab_slices=slab_slices, chunk_slices=chunk_slices, tile=tile,
-                        progress=bar)
+                        progress=bar, output_format=output_format)
                 else:
                     out = reconstruct_file(
                     scan, outdir, method, overwrite=overwrite, weights=weights, device=device,
@@ -172,20 +173,19 @@ def reconstruct(scans, outdir, method, weights, slice_axis, truth, overwrite, de
 
 
 def _split_checks(method, truth, analyze, sample, tmp_dir, gpu_memory_gb, output_format, default_format) -> str:
-    """What a split run takes (the output format it writes), or an InputError naming what it does not."""
+    """What a split run takes (the output format it writes: OME-Zarr, the stores its slabs write, unless
+    --output-format nifti is given), or an InputError naming what it does not."""
     no = [(method not in ("auto", "poreformer"), f"--method {method} (PoreFormer alone is split: its reach along Z "
                                                   "is known)"),
           (truth is not None, "--truth"), (analyze, "--analyze or --flow (run ctpore analyze on its pores)"),
           (sample not in ("auto", "all"), "--sample MASK"), (tmp_dir is not None, "--tmp-dir (its work folder is "
                                                                                   "beside the outputs, shared)"),
-          (gpu_memory_gb is not None, "--gpu-memory-gb"),
-          (output_format != "ome-zarr" and not default_format, "--output-format nifti (a split run writes OME-Zarr "
-                                                               "stores, one region per worker)")]
+          (gpu_memory_gb is not None, "--gpu-memory-gb")]
     bad = [what for cond, what in no if cond]
     if bad:
         raise InputError("a split run (--workers or --scheduler) does not take " + "; ".join(bad)
                          + "; run those in one process")
-    return "ome-zarr"
+    return "ome-zarr" if default_format else output_format  # OME-Zarr unless NIfTI is asked for
 
 
 def _split_cluster(scheduler, workers):

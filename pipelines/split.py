@@ -41,6 +41,7 @@ import numpy as np
 from ctpore.atomic import write_json_atomic
 from ctpore.data.io import load_scan
 from ctpore.data.io.omezarr_split import SplitStore
+from ctpore.data.io.omezarr_write import remove_tree
 from ctpore.data.metrics import MetricsAccumulator
 from ctpore.data.normalize import has_contrast, robust_range, warn_clipped
 from ctpore.data.normalize import warn_no_contrast
@@ -50,7 +51,7 @@ from ctpore.pipelines.sample_mask import CODE_SLABS, check_margin, check_outside
 from ctpore.pipelines.split_slab import SplitPlan, predict_slab, read_raw, slab_predictor, write_slab
 from ctpore.progress import ProgressFn
 
-__all__ = ["reconstruct_split", "split_slabs"]
+__all__ = ["reconstruct_split", "split_slabs", "store_to_nifti"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -89,11 +90,27 @@ def _dask_map(client, progress: ProgressFn = None, stage: str = ""):
         from distributed import as_completed
 
         futures = client.map(fn, list(items), pure=False)
+        if progress is not None:
+            progress(0, len(futures), stage)  # the clock of the time left starts now
         for i, _ in enumerate(as_completed(futures)):
             if progress is not None:
                 progress(i + 1, len(futures), stage)
         return client.gather(futures)
     return run
+
+
+def store_to_nifti(store: Path, dest: Path, geometry, dtype, spool: Path) -> None:
+    """Stream a finished store's full-resolution level into a NIfTI (whole or not at all)."""
+    import zarr
+
+    from ctpore.data.io.write import volume_writer
+
+    level = zarr.open_group(str(store), mode="r")["0"]
+    nz, ny, nx = level.shape
+    step = max(1, (64 << 20) // (np.dtype(dtype).itemsize * ny * nx))
+    with volume_writer(dest, geometry, dtype, spool_dir=spool) as writer:
+        for z in range(0, nz, step):
+            writer.write(np.asarray(level[z: z + step]))
 
 
 def _prepare_work(plan: SplitPlan) -> None:
@@ -105,8 +122,8 @@ def _prepare_work(plan: SplitPlan) -> None:
     except (OSError, ValueError):
         same = False
     if not same:
-        for p in work.glob("*") if work.is_dir() else ():
-            p.unlink()
+        for p in list(work.glob("*")) + list(work.glob(".*")) if work.is_dir() else ():
+            remove_tree(p)
         for store in plan.stores.values():
             store.discard()
         work.mkdir(parents=True, exist_ok=True)
@@ -120,11 +137,14 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
                       precision: str = "auto", attention_backend: Optional[str] = None,
                       min_pore_voxels: Optional[int] = None, sample: str = "auto", sample_margin: int = 0,
                       overwrite: bool = False, slab_slices: Optional[int] = None, chunk_slices: Optional[int] = None,
-                      tile: Optional[int] = None, progress: ProgressFn = None, annotate: Optional[dict] = None) -> dict:
+                      tile: Optional[int] = None, progress: ProgressFn = None, annotate: Optional[dict] = None,
+                      output_format: str = "ome-zarr") -> dict:
     """Reconstruct one scan file with PoreFormer split into Z-slabs across ``client``'s workers (see
-    the module docstring); the outputs are OME-Zarr stores. ``slab_slices``: slices a slab (default:
-    eight times the model's reach, rounded up to the stores' alignment, at least 1/2 of the slices per
-    worker). Other parameters as :func:`~ctpore.pipelines.reconstruct.reconstruct_file`.
+    the module docstring). ``slab_slices``: slices a slab (default: eight times the model's reach,
+    rounded up to the stores' alignment, at least 1/2 of the slices per worker). ``output_format``:
+    ``ome-zarr`` (the stores the slabs write), or ``nifti``: the stores are written in the work folder
+    and the driver then streams each into its ``.nii.gz``, one serial pass (``stage_seconds.nifti``).
+    Other parameters as :func:`~ctpore.pipelines.reconstruct.reconstruct_file`.
 
     Returns
     -------
@@ -137,7 +157,6 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
     from ctpore.pipelines.reconstruct_run import run_metrics
     from ctpore.pipelines.sample_picture import write_sample_picture
     from ctpore.pipelines.stream_plan import warm_up
-    from ctpore.data.io.omezarr_write import remove_tree
     from ctpore.data.sample import find_sample
 
     t0 = time.perf_counter()
@@ -145,7 +164,10 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
     if not isinstance(sample, str) or sample not in ("auto", "all"):
         raise InputError("a scan split across workers finds its sample (--sample auto) or takes every voxel "
                          "(--sample all); for your own mask, run it in one process")
-    paths = check_outputs(scan_path, outdir, overwrite, "ome-zarr")
+    paths = check_outputs(scan_path, outdir, overwrite, output_format)
+    stem = Path(paths["metrics"]).name[: -len("_metrics.json")]
+    work = Path(outdir) / f".{stem}.split"
+    nifti = output_format != "ome-zarr"
     source = str(scan_path)
     with claim_run(paths, overwrite, None) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
         predictor = slab_predictor(None if weights is None else str(weights), device, attention_backend)
@@ -165,7 +187,7 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
         if not has_contrast(lo, hi):
             warn_no_contrast(lo)
         stages["sample_and_range"] = round(time.perf_counter() - t0, 3)
-        stores = {k: SplitStore(paths[k], geometry, t, align=STORE_ALIGN)
+        stores = {k: SplitStore(work / f"{k}.ome.zarr" if nifti else paths[k], geometry, t, align=STORE_ALIGN)
                   for k, t in (("pores", np.uint8), ("prob", np.float32), ("sample", np.uint8))
                   if k != "sample" or outside_fit is not None}
         align = math.lcm(CODE_SLABS, *(s.alignment for s in stores.values()))
@@ -173,18 +195,18 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
         workers = max(1, len(client.scheduler_info().get("workers", {})))
         size = slab_slices or max(8 * reach, -(-shape[0] // (2 * workers)))
         slabs = split_slabs(shape[0], align, size)
-        stem = Path(paths["metrics"]).name[: -len("_metrics.json")]
         plan = SplitPlan(
             scan=str(Path(scan_path).resolve()), slice_axis=slice_axis, shape=shape, spacing_mm=geometry.spacing_mm,
             weights=None if weights is None else str(weights), device=str(device),
             attention_backend=attention_backend, precision=precision,
             tile=run_plan.tile, chunk=run_plan.chunk_slices, sub=run_plan.slab, lo=lo, hi=hi, fit=outside_fit,
             margin=margin, post=predictor.post.with_user_rules(min_pore_voxels),
-            work=str(Path(outdir) / f".{stem}.split"), stores=stores,
+            work=str(work), stores=stores,
             slabs=slabs, middle=shape[0] // 2)
         plan.key = {"scan": plan.scan, "shape": list(shape), "slabs": [list(s) for s in slabs], "lo": lo, "hi": hi,
                     "weights": predictor.info["model"]["sha256"], "precision": precision, "tile": plan.tile,
                     "chunk": plan.chunk, "margin": margin, "sample": sample, "post": plan.post.describe(),
+                    "output_format": output_format,
                     "fit": None if outside_fit is None else outside_fit.describe(units_known)}
         with output_set(paths):
             _prepare_work(plan)
@@ -203,7 +225,7 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
             groups = [[i for i, (a, _) in enumerate(cuts) if za <= a < zb] for za, zb in slabs]
             post = plan.post
             results = post.run_split(functools.partial(read_raw, plan), cuts, functools.partial(write_slab, plan),
-                                     map_fn=_dask_map(client), groups=groups)
+                                     map_fn=_dask_map(client, progress, "post-processing slabs"), groups=groups)
             acc, rim, picture = MetricsAccumulator(shape, geometry.spacing_mm), RimCheck(), None
             for r in results:
                 acc.join(r["metrics"])
@@ -226,6 +248,11 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
                                 "join_cpu_seconds": round(time.process_time() - cpu, 3)}
             for store in stores.values():
                 store.finish()
+            if nifti:  # one serial pass: each store into its NIfTI
+                clock = time.perf_counter()
+                for kind, store in stores.items():
+                    store_to_nifti(store.path, paths[kind], geometry, store.dtype, work)
+                stages["nifti"] = round(time.perf_counter() - clock, 3)
             if picture is not None:
                 grey = np.asarray(scan[plan.middle: plan.middle + 1], np.float32)[0]
                 write_sample_picture(paths["sample_png"], grey, picture, lo, hi)

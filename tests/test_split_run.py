@@ -164,7 +164,7 @@ def test_the_command_line_splits_a_scan_on_a_local_cluster(scans, tmp_path, caps
 
 @pytest.mark.parametrize("args, what", [
     (["--truth", "x.nii"], "--truth"), (["--analyze"], "--analyze"), (["--method", "otsu"], "--method otsu"),
-    (["--output-format", "nifti"], "--output-format nifti"), (["--sample", "mask.nii"], "--sample MASK")])
+    (["--tmp-dir", "."], "--tmp-dir"), (["--sample", "mask.nii"], "--sample MASK")])
 def test_what_a_split_run_does_not_take_is_refused_in_one_line_before_any_work(scans, tmp_path, args, what, capsys):
     path, _ = scans[1]["core.nii"]
     code, _out, err = run_cli(["reconstruct", path, "-o", tmp_path / "out", "--workers", "2", *args], capsys)
@@ -172,3 +172,22 @@ def test_what_a_split_run_does_not_take_is_refused_in_one_line_before_any_work(s
     assert what in err and "run those in one process" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_nifti_outputs_are_streamed_from_the_stores_with_the_single_runs_voxels(scans, client, tmp_path):
+    import nibabel as nib
+
+    folder, runs = scans
+    path, _ = runs["core.nii"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        single = reconstruct_file(path, tmp_path / "one")  # NIfTI, the default
+    got = split(path, tmp_path / "split", client, output_format="nifti")
+    for kind in ("pores", "prob", "sample"):
+        a, b = nib.load(single[kind]), nib.load(got[kind])
+        assert str(got[kind]).endswith(".nii.gz")
+        assert np.array_equal(np.asarray(a.dataobj), np.asarray(b.dataobj)), kind
+        assert np.allclose(a.affine, b.affine) and a.get_data_dtype() == b.get_data_dtype()
+    assert got["result"]["stage_seconds"]["nifti"] > 0
+    names = [sorted(p.name for p in (tmp_path / d).iterdir()) for d in ("split", "one")]
+    assert names[0] == names[1]  # the same files, no store or work folder left
