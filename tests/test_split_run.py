@@ -191,3 +191,20 @@ def test_nifti_outputs_are_streamed_from_the_stores_with_the_single_runs_voxels(
     assert got["result"]["stage_seconds"]["nifti"] > 0
     names = [sorted(p.name for p in (tmp_path / d).iterdir()) for d in ("split", "one")]
     assert names[0] == names[1]  # the same files, no store or work folder left
+
+
+def test_a_split_run_the_disk_cannot_hold_is_refused_before_any_work(scans, client, tmp_path, monkeypatch):
+    import shutil
+
+    from ctpore.errors import InputError
+    from ctpore.pipelines import disk as disk_mod
+
+    path, _ = scans[1]["core.nii"]
+    real = shutil.disk_usage
+    monkeypatch.setattr(disk_mod.shutil, "disk_usage", lambda p: real(p)._replace(free=900))
+    submitted = []
+    monkeypatch.setattr(client, "map", lambda *a, **k: submitted.append(1))
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="not enough free disk space"):
+        split(path, out, client)
+    assert not submitted and not out.exists()  # no slab ran, nothing was made
