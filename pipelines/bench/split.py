@@ -279,7 +279,9 @@ def write_scale_report(res: dict, outdir: Union[str, os.PathLike], command: str)
               "lazily. With `--output-format nifti` the driver then streams each store into its `.nii.gz`, one "
               f"serial pass of gzip: {res['nifti']['seconds']} s for this scan's pores, probability and sample "
               f"here, so about {res['nifti']['hours']['2048']} hours for a 2048^3 scan and "
-              f"{res['nifti']['hours']['4096']} hours for 4096^3, whatever the number of nodes.",
+              f"{res['nifti']['hours']['4096']} hours for 4096^3, whatever the number of nodes (three quarters of "
+              "this core's slices are outside it, zeros that compress fast: a scan whose sample fills its slices "
+              "takes longer).",
               "- **Reruns**: the work folder keeps each finished slab's files and record; a rerun after the driver "
               "died computes only the slabs without a record. A worker that dies mid-slab has its slab run again "
               "by the scheduler, to the same bytes. The stores take their names only when every slab is written; "
