@@ -1,7 +1,9 @@
 """``ctpore batch``: many scans through ``reconstruct_file`` on a Dask cluster, resumable.
 
 One task per scan, each a call of :func:`ctpore.pipelines.reconstruct.reconstruct_file` on a Dask
-worker (weights loaded once per worker process and kept). Dask places the tasks; this module
+worker (weights loaded once per worker process and kept); or, when the cluster has more workers than
+there are scans to do, each scan in turn split into Z-slabs across all of them
+(:mod:`ctpore.pipelines.split`, where :func:`split_options` allows it). Dask places the tasks; this module
 reads the manifest, checks everything that can be checked before any work, skips scans already
 done, and writes ``OUTDIR/batch_report.jsonl``: one line per scan as it ends (scan, status,
 metrics or error, seconds, worker, attempts, the warnings the scan raised, when it ended), and
@@ -50,7 +52,7 @@ from ctpore.pipelines.batch_summary import BatchSummary
 from ctpore.pipelines.output_formats import DEFAULT_OUTPUT_FORMAT
 from ctpore.progress import ProgressFn
 
-__all__ = ["run_batch", "run_task", "summarize", "REPORT_NAME", "STATUSES"]
+__all__ = ["run_batch", "run_task", "split_options", "summarize", "REPORT_NAME", "STATUSES"]
 
 REPORT_NAME = "batch_report.jsonl"
 
@@ -91,11 +93,25 @@ def _is_done(task: ScanTask, outdir: Path, key: dict) -> Optional[dict]:
     return metrics
 
 
-def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
-    """Reconstruct one scan (on a worker). Never raises for the scan's own problems: returns the
-    record of the report line (``status`` "done" with the metrics, "skipped" when another run
-    finished it meanwhile, "held" with the ``holder`` when another run is writing it, or "failed"
-    with the error). The scan's outputs are claimed before they are checked again and written."""
+def split_options(task: ScanTask, options: dict) -> Optional[dict]:
+    """The keyword arguments of :func:`~ctpore.pipelines.split.reconstruct_split` for ``task``, or None
+    where a split run cannot take the scan as these options ask (another method, a label, a mask,
+    the analysis, a folder for temporaries, a GPU memory cap)."""
+    if (options.get("method") != "poreformer" or task.label or task.mask or options.get("analyze")
+            or options.get("flow") or options.get("tmp_dir") or options.get("gpu_memory_gb") is not None):
+        return None
+    taken = ("weights", "device", "memory_gb", "precision", "attention_backend", "min_pore_voxels", "sample",
+             "sample_margin", "output_format", "chunk_slices", "tile")
+    return {k: options[k] for k in taken if options.get(k) is not None}
+
+
+def run_task(task: ScanTask, outdir: str, options: dict, key: dict, client: Any = None) -> dict:
+    """Reconstruct one scan (on a worker; or, with ``client``, split across its workers from the
+    driver: :func:`split_options` says whether it can). Never raises for the scan's own problems:
+    returns the record of the report line (``status`` "done" with the metrics, "skipped" when
+    another run finished it meanwhile, "held" with the ``holder`` when another run is writing it, or
+    "failed" with the error). The scan's outputs are claimed before they are checked again and
+    written."""
     import socket
 
     from ctpore.pipelines.claims import OutputsHeld, claim_outputs
@@ -114,11 +130,16 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict) -> dict:
                 if done is not None:
                     rec.update(status="skipped", reason="outputs complete from another run", metrics=done)
                 else:
-                    out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis,
-                                           overwrite=True, annotate={"batch": {"options": key, "label": task.label,
-                                                                               "slice_axis": task.slice_axis,
-                                                                               "mask": task.mask}},
-                                           **opts)
+                    annotate = {"batch": {"options": key, "label": task.label, "slice_axis": task.slice_axis,
+                                          "mask": task.mask}}
+                    if client is not None:
+                        from ctpore.pipelines.split import reconstruct_split
+
+                        out = reconstruct_split(task.scan, outdir, client, slice_axis=task.slice_axis, overwrite=True,
+                                                annotate=annotate, **split_options(task, options))
+                    else:
+                        out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis,
+                                               overwrite=True, annotate=annotate, **opts)
                     rec.update(status="done", metrics=out["result"])
         except OutputsHeld as exc:
             rec.update(status="held", reason=str(exc), holder=exc.holder)
@@ -296,6 +317,19 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
             options.setdefault("device", "cuda")
         attempts: dict[str, int] = {}
         futures = {}
+        n_workers = len(client.scheduler_info().get("workers", {}))
+        if not gpu and len(todo) < n_workers and all(split_options(t, options) for t in todo):
+            # more workers than scans: each scan in turn split across all of them, its slabs submitted
+            # from here (a scan's task never waits on its own slabs' tasks: no deadlock on a full cluster)
+            for n_end, t in enumerate(todo, 1):
+                rec = run_task(t, str(outdir), options, key, client=client)
+                rec["attempts"] = 1
+                rec["split"] = True
+                result[rec["status"] if rec["status"] in STATUSES else "failed"] += 1
+                ended(rec)
+                if progress is not None:
+                    progress(n_end, len(todo), "scans")
+            return
 
         def submit(t: ScanTask):
             attempts[t.scan] = attempts.get(t.scan, 0) + 1

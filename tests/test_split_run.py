@@ -69,7 +69,7 @@ def split(path, outdir, client, **kw) -> dict:
         return reconstruct_split(path, outdir, client, slab_slices=SLAB, **kw)
 
 
-def assert_same(single: dict, got: dict) -> None:
+def assert_same(single: dict, got: dict, also_skip: tuple = ()) -> None:
     for kind in ("pores", "prob", "sample"):
         there = Path(single[kind]).exists()
         assert Path(got[kind]).exists() == there, kind
@@ -80,7 +80,7 @@ def assert_same(single: dict, got: dict) -> None:
                 assert np.array_equal(a[k][:], b[k][:]), (kind, k)
     m1, m2 = single["result"], got["result"]
     def compared(m):
-        return {k: v for k, v in m.items() if k not in NOT_COMPARED}
+        return {k: v for k, v in m.items() if k not in NOT_COMPARED and k not in also_skip}
 
     assert compared(m1) == compared(m2)
 
@@ -208,3 +208,20 @@ def test_a_split_run_the_disk_cannot_hold_is_refused_before_any_work(scans, clie
     with pytest.raises(InputError, match="not enough free disk space"):
         split(path, out, client)
     assert not submitted and not out.exists()  # no slab ran, nothing was made
+
+
+def test_a_batch_with_more_workers_than_scans_splits_each_scan_across_them(scans, tmp_path):
+    from ctpore.pipelines.batch import run_batch
+
+    path, single = scans[1]["core.nii"]
+    manifest = tmp_path / "scans.txt"
+    manifest.write_text(f"{path}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = run_batch(manifest, tmp_path / "out", workers=2, options={"output_format": "ome-zarr"})
+    [rec] = res["records"]
+    assert rec["status"] == "done" and rec["split"] and rec["metrics"]["split"]["workers"] == 2
+    got = {k: tmp_path / "out" / Path(single[k]).name for k in ("pores", "prob", "sample", "metrics")}
+    assert_same(single, {**got, "result": json.loads(got["metrics"].read_text())}, also_skip=("batch",))
+    again = run_batch(manifest, tmp_path / "out", workers=2, options={"output_format": "ome-zarr"})
+    assert again["skipped"] == 1  # done, with these options: a rerun skips it
