@@ -268,6 +268,10 @@ def write_scale_report(res: dict, outdir: Union[str, os.PathLike], command: str)
     lines += ["", "On GPUs: not modelled yet. The model takes per-voxel rates measured by `ctpore bench gpu`, which "
               "has not run on a GPU machine yet ([gpu.md](gpu.md)); until it has, this page gives CPU nodes only.",
               "", "## What a split run needs", "",
+              "- **Memory**: each worker keeps within `--memory-gb` as a run in one process does: the same tiles, "
+              "chunks and post-processing slabs, whatever the slab's length (its slices wait in files, not in "
+              "memory). The slab size (`--slab-slices`, default the reach x 8 or the slices per two slabs a "
+              "worker, whichever is more) decides only where slabs start, and so the share of warm-up work.",
               "- **One file system** that the driver and every worker see at the same paths: the scan, the output "
               "folder and its work folder (`.<stem>.split/`). Each slab reads its scan slices and its warm-up "
               "(4 bytes a voxel of float32 copied to a nameless file in the work folder), writes its raw "
