@@ -76,13 +76,22 @@ def split_slabs(nz: int, align: int, slab_slices: int) -> list[tuple[int, int]]:
 
 
 class _FitOutside:
-    """The outside (bool) of any slices, computed from the fit: what the grey range leaves out."""
+    """The outside (bool) of any slice, computed from the fit as the single run computes its codes:
+    on the code slab of :data:`CODE_SLABS` slices that holds it (the fit's outline votes over a
+    slab's slices), the last slab kept."""
 
     def __init__(self, scan, fit, margin: int):
         self.scan, self.fit, self.margin, self.shape = scan, fit, margin, tuple(scan.shape)
+        self._slab: Optional[tuple[int, np.ndarray]] = None
 
     def __getitem__(self, key: slice) -> np.ndarray:
-        return self.fit.outside(np.asarray(self.scan[key], np.float32), key.start, self.margin)[0] > 0
+        z = key.start
+        g0 = z // CODE_SLABS * CODE_SLABS
+        if self._slab is None or self._slab[0] != g0:
+            raw = np.asarray(self.scan[g0: min(self.shape[0], g0 + CODE_SLABS)], np.float32)
+            self._slab = (g0, self.fit.outside(raw, g0, self.margin)[0] > 0)
+        g0, out = self._slab
+        return out[z - g0: key.stop - g0]
 
 
 def _dask_map(client, progress: ProgressFn = None, stage: str = ""):

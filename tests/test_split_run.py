@@ -32,14 +32,15 @@ from ctpore.pipelines.split import reconstruct_split  # noqa: E402
 from helpers import run_cli  # noqa: E402
 
 SLAB = 64  # slices a slab: 4 slabs of each 256-slice scan
-SCANS = {"core.nii": ("core-air-offcentre", 5), "plain.nii.gz": (None, 6), "tube.tif": ("tube-gap", 7)}
+SCANS = {"core.nii": ("core-air-offcentre", 5), "plain.nii.gz": (None, 6), "tube.tif": ("tube-gap", 7),
+         "block.nii": ("block-turned", 8)}  # (a block's outline is voted over each slab of 16 slices)
 NOT_COMPARED = {"seconds", "stage_seconds", "split"}
 
 
 @pytest.fixture(scope="module")
 def scans(tmp_path_factory):
-    """Three 256-slice scans (an off-centre core in air, a plain stack, a core in a tube) in three
-    formats, and each one's single-process run."""
+    """Four 256-slice scans (an off-centre core in air, a plain stack, a core in a tube, a turned block)
+    in three formats, and each one's single-process run."""
     folder = tmp_path_factory.mktemp("split")
     out = {}
     for name, (scene, seed) in SCANS.items():
