@@ -10,9 +10,11 @@ decides only where they start.
 1. Each slab's raw probabilities are computed from a warm-up of the model's reach along Z
    (:func:`~ctpore.pipelines.stream_plan.warm_up`), so they hold the single run's bytes. They and
    the slab's sample codes go to named files in a work folder beside the outputs
-   (``.<stem>.split/``), then a record of the slab. A rerun after the driver died finds the
-   records and computes only the slabs that have none; a worker that dies mid-slab has its slab
-   run again by the scheduler, from the start, to the same bytes.
+   (``.<stem>.split/<plan id>/``, the id a hash of everything the bytes depend on), then a record
+   of the slab. A rerun after the driver died finds the records of the same plan and computes
+   only the slabs that have none; work of another plan is removed, and tasks of a dead driver still
+   running write only under their own plan's names. A worker that dies mid-slab has its slab run
+   again by the scheduler, from the start, to the same bytes.
 2. The post-processing runs on the slabs (:meth:`~ctpore.data.postprocess.Postprocessing.run_split`):
    each rule on whole components takes one join of the slabs' component summaries (a union-find
    on the driver, small).
@@ -28,6 +30,7 @@ and the work folder must be at the same paths on each.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -99,12 +102,16 @@ def _dask_map(client, progress: ProgressFn = None, stage: str = ""):
         from distributed import as_completed
 
         futures = client.map(fn, list(items), pure=False)
-        if progress is not None:
-            progress(0, len(futures), stage)  # the clock of the time left starts now
-        for i, _ in enumerate(as_completed(futures)):
+        try:
             if progress is not None:
-                progress(i + 1, len(futures), stage)
-        return client.gather(futures)
+                progress(0, len(futures), stage)  # the clock of the time left starts now
+            for i, _ in enumerate(as_completed(futures)):
+                if progress is not None:
+                    progress(i + 1, len(futures), stage)
+            return client.gather(futures)
+        except BaseException:  # a slab failed, or the run was interrupted: the other slabs stop
+            client.cancel(futures)
+            raise
     return run
 
 
@@ -122,21 +129,39 @@ def store_to_nifti(store: Path, dest: Path, geometry, dtype, spool: Path) -> Non
             writer.write(np.asarray(level[z: z + step]))
 
 
-def _prepare_work(plan: SplitPlan) -> None:
-    """The work folder, kept from an interrupted run of the same plan (its slabs are done), else new."""
+def _earlier_slabs(root: Path, key: dict) -> Optional[list[tuple[int, int]]]:
+    """The slabs of an interrupted run of the same plan but for its slabs (its default slab size
+    followed the workers there were then), so that a rerun keeps the slabs it recorded."""
+    for f in sorted(root.glob("*/plan.json")) if root.is_dir() else ():
+        try:
+            earlier = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(earlier, dict) and {k: v for k, v in earlier.items() if k != "slabs"} == key:
+            return [(int(a), int(b)) for a, b in earlier["slabs"]]
+    return None
+
+
+def _prepare_work(plan: SplitPlan, root: Path) -> None:
+    """The plan's work folder (``root/<plan id>``), kept from an interrupted run of the same plan (its
+    recorded slabs are done), else new. Work of other plans is removed: their folders and unfinished
+    stores have other names, so a task of an earlier driver still running writes nothing of this run."""
     work = Path(plan.work)
-    keyfile = work / "plan.json"
     try:
-        same = json.loads(keyfile.read_text()) == plan.key
+        same = json.loads((work / "plan.json").read_text()) == plan.key
     except (OSError, ValueError):
         same = False
-    if not same:
-        for p in list(work.glob("*")) + list(work.glob(".*")) if work.is_dir() else ():
+    for p in list(root.iterdir()) if root.is_dir() else ():
+        if p != work or not same:
             remove_tree(p)
+    for store in plan.stores.values():
+        for p in store.others():
+            remove_tree(p)
+    if not same:
         for store in plan.stores.values():
             store.discard()
         work.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(keyfile, plan.key)
+        write_json_atomic(work / "plan.json", plan.key)
     for store in plan.stores.values():
         store.create()
 
@@ -184,8 +209,6 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
                    precision=precision)
         geometry, shape = scan.geometry, tuple(int(s) for s in scan.shape)
         stages: dict = {}
-        run_plan = plan_run(shape, predictor, memory_gb, None, tile=tile, chunk_slices=chunk_slices,
-                            precision=precision)
         units_known = getattr(geometry, "units", "mm") != "unknown"
         fit = find_sample(scan, geometry.spacing_mm) if sample == "auto" else None
         outside_fit = fit if fit is not None and fit.has_outside else None
@@ -196,29 +219,38 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
         if not has_contrast(lo, hi):
             warn_no_contrast(lo)
         stages["sample_and_range"] = round(time.perf_counter() - t0, 3)
-        stores = {k: SplitStore(work / f"{k}.ome.zarr" if nifti else paths[k], geometry, t, align=STORE_ALIGN)
-                  for k, t in (("pores", np.uint8), ("prob", np.float32), ("sample", np.uint8))
-                  if k != "sample" or outside_fit is not None}
-        align = math.lcm(CODE_SLABS, *(s.alignment for s in stores.values()))
+        kinds = [(k, t) for k, t in (("pores", np.uint8), ("prob", np.float32), ("sample", np.uint8))
+                 if k != "sample" or outside_fit is not None]
+        align = math.lcm(CODE_SLABS, *(SplitStore(work / f"{k}.ome.zarr", geometry, t, align=STORE_ALIGN).alignment
+                                       for k, t in kinds))
         reach = warm_up(predictor.model, predictor.device) or shape[0]
         workers = max(1, len(client.scheduler_info().get("workers", {})))
-        size = slab_slices or max(8 * reach, -(-shape[0] // (2 * workers)))
-        slabs = split_slabs(shape[0], align, size)
+        run_plan = plan_run(shape, predictor, memory_gb, None, tile=tile, chunk_slices=chunk_slices,
+                            precision=precision)
+        post = predictor.post.with_user_rules(min_pore_voxels)
+        stat = Path(scan_path).stat()
+        key = {"scan": str(Path(scan_path).resolve()), "scan_bytes": stat.st_size, "scan_mtime_ns": stat.st_mtime_ns,
+               "slice_axis": slice_axis, "shape": list(shape), "lo": lo, "hi": hi,
+               "weights": predictor.info["model"]["sha256"], "device": str(device),
+               "attention_backend": attention_backend, "precision": precision, "tile": run_plan.tile,
+               "chunk": run_plan.chunk_slices, "margin": margin, "sample": sample, "post": post.describe(),
+               "output_format": output_format,
+               "fit": None if outside_fit is None else outside_fit.describe(units_known)}
+        slabs = (None if slab_slices else _earlier_slabs(work, key)) or split_slabs(
+            shape[0], align, slab_slices or max(8 * reach, -(-shape[0] // (2 * workers))))
+        key["slabs"] = [list(ab) for ab in slabs]
+        tag = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        plan_dir = work / tag
+        stores = {k: SplitStore(plan_dir / f"{k}.ome.zarr" if nifti else paths[k], geometry, t, align=STORE_ALIGN,
+                                tag=tag) for k, t in kinds}
         plan = SplitPlan(
-            scan=str(Path(scan_path).resolve()), slice_axis=slice_axis, shape=shape, spacing_mm=geometry.spacing_mm,
+            scan=key["scan"], slice_axis=slice_axis, shape=shape, spacing_mm=geometry.spacing_mm,
             weights=None if weights is None else str(weights), device=str(device),
             attention_backend=attention_backend, precision=precision,
             tile=run_plan.tile, chunk=run_plan.chunk_slices, sub=run_plan.slab, lo=lo, hi=hi, fit=outside_fit,
-            margin=margin, post=predictor.post.with_user_rules(min_pore_voxels),
-            work=str(work), stores=stores,
-            slabs=slabs, middle=shape[0] // 2)
-        plan.key = {"scan": plan.scan, "shape": list(shape), "slabs": [list(s) for s in slabs], "lo": lo, "hi": hi,
-                    "weights": predictor.info["model"]["sha256"], "precision": precision, "tile": plan.tile,
-                    "chunk": plan.chunk, "margin": margin, "sample": sample, "post": plan.post.describe(),
-                    "output_format": output_format,
-                    "fit": None if outside_fit is None else outside_fit.describe(units_known)}
+            margin=margin, post=post, work=str(plan_dir), stores=stores, slabs=slabs, middle=shape[0] // 2, key=key)
         with output_set(paths):
-            _prepare_work(plan)
+            _prepare_work(plan, work)
             clock = time.perf_counter()
             done = _dask_map(client, progress, "slabs")(lambda ab: predict_slab(plan, *ab), slabs)
             stages["predict"] = round(time.perf_counter() - clock, 3)
@@ -260,7 +292,7 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
             if nifti:  # one serial pass: each store into its NIfTI
                 clock = time.perf_counter()
                 for kind, store in stores.items():
-                    store_to_nifti(store.path, paths[kind], geometry, store.dtype, work)
+                    store_to_nifti(store.path, paths[kind], geometry, store.dtype, plan_dir)
                 stages["nifti"] = round(time.perf_counter() - clock, 3)
             if picture is not None:
                 grey = np.asarray(scan[plan.middle: plan.middle + 1], np.float32)[0]
@@ -276,7 +308,7 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
             metrics["ctpore_version"] = __version__
             metrics.update(annotate or {})
             write_json_atomic(paths["metrics"], metrics)  # last: its presence means the set is whole
-            remove_tree(plan.work)
+            remove_tree(work)
     return {**paths, "result": metrics}
 
 

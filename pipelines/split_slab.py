@@ -100,10 +100,13 @@ class _Codes:
 
 class _Filled:
     """Slices ``start : stop`` of the scan as float32, the outside filled as the single run fills it,
-    in a nameless file read window by window (what the model reads); the outside's counts of the
-    slab's own slices ``own : stop`` (those before are the warm-up, another slab's)."""
+    in a nameless file read window by window (what the model reads; ``stop`` is the end of the chunk
+    that holds the slab's last slice, which the model computes whole, as the single run does); their
+    sample codes into ``codes``, and the outside's counts of the slab's own slices
+    ``own[0] : own[1]`` (those before are the warm-up, another slab's)."""
 
-    def __init__(self, scan, plan: SplitPlan, start: int, own: int, stop: int, codes: Optional[_Codes]):
+    def __init__(self, scan, plan: SplitPlan, start: int, own: tuple[int, int], stop: int,
+                 codes: Optional[_Codes]):
         self.shape, self.start = tuple(plan.shape), start
         _, ny, nx = self.shape
         self._fh = tempfile.TemporaryFile(prefix=".ctpore-split-scan-", dir=plan.work)
@@ -118,7 +121,7 @@ class _Filled:
             if codes is not None:
                 got, counts = plan.fit.outside(raw, g0, plan.margin)
                 codes.array[a - start: b - start] = got[a - g0: b - g0]
-                if g0 >= own:  # (slabs start on code slabs: a group is the slab's own or not at all)
+                if own[0] <= g0 < own[1]:  # (slabs start on code slabs: a group is the slab's own or not at all)
                     self.counts["outside"] += int(np.count_nonzero(got))
                     self.counts["region"] += counts["region"]
                     self.counts["wall"] += counts["wall"]
@@ -151,11 +154,12 @@ def predict_slab(plan: SplitPlan, za: int, zb: int) -> dict:
     early = warm_up(predictor.model, predictor.device)
     start = 0 if early is None else max(0, za - early) // plan.chunk * plan.chunk
     _, ny, nx = plan.shape
-    codes = _Codes(Path(plan.work), start, zb, (ny, nx)) if plan.fit is not None else None
+    stop = min(plan.shape[0], -(-zb // plan.chunk) * plan.chunk)  # the chunk holding zb - 1 is run whole
+    codes = _Codes(Path(plan.work), start, stop, (ny, nx)) if plan.fit is not None else None
     out = {"backend": None, "clipped": 0, "warm_up_slices": za - start}
     try:
         with load_scan(plan.scan, slice_axis=plan.slice_axis) as scan:
-            src = _Filled(scan, plan, start, za, zb, codes)
+            src = _Filled(scan, plan, start, (za, zb), stop, codes)
         try:
             raw_path = plan.file("raw", za, zb)
             with atomic_write(raw_path) as tmp:
@@ -167,7 +171,7 @@ def predict_slab(plan: SplitPlan, za: int, zb: int) -> dict:
                             out=prob, precision=plan.precision, z_range=(za, zb))
                     out["backend"] = predictor.model.backends_ran()
                     if view.saw_clipping:
-                        out["clipped"] = count_clipped(src.array[za - start:], plan.lo, plan.hi)
+                        out["clipped"] = count_clipped(src.array[za - start: zb - start], plan.lo, plan.hi)
                 prob.flush()
                 del prob
             out.update(src.counts)
@@ -175,7 +179,7 @@ def predict_slab(plan: SplitPlan, za: int, zb: int) -> dict:
             src.close()
         if codes is not None:
             with atomic_write(plan.file("codes", za, zb)) as tmp:
-                tmp.write_bytes(np.ascontiguousarray(codes.array[za - start:]).tobytes())
+                tmp.write_bytes(np.ascontiguousarray(codes.array[za - start: zb - start]).tobytes())
     finally:
         if codes is not None:
             codes.close()

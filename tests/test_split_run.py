@@ -98,6 +98,17 @@ def test_a_scan_split_into_four_slabs_equals_the_single_run(scans, client, name,
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no work folder, no store left behind
 
 
+@pytest.mark.parametrize("options", [{"chunk_slices": 40}, {"sample": "all"}], ids=["chunks-of-40", "sample-all"])
+def test_a_split_run_with_options_equals_the_single_run_with_them(scans, client, tmp_path, options):
+    """Chunks of 40 slices do not divide the slabs of 64 (a slab's last chunk runs past it, as in the
+    single run); ``--sample all`` takes every voxel of a core in air."""
+    path, _ = scans[1]["core.nii"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        single = reconstruct_file(path, tmp_path / "one", output_format="ome-zarr", **options)
+    assert_same(single, split(path, tmp_path / "split", client, **options))
+
+
 def test_a_worker_killed_mid_slab_is_run_again_to_the_same_bytes(scans, client, tmp_path):
     path, single = scans[1]["core.nii"]
     result, errors = {}, []
@@ -126,32 +137,53 @@ def test_a_worker_killed_mid_slab_is_run_again_to_the_same_bytes(scans, client, 
     assert_same(single, result["got"])
 
 
-def test_a_driver_killed_mid_run_is_finished_by_a_rerun_that_computes_only_the_missing_slabs(scans, client, tmp_path):
-    path, single = scans[1]["core.nii"]
-    work = tmp_path / ".core.split"
+def _kill_driver_after_first_record(path, outdir, client) -> list:
+    """Start a split run in a process of its own, SIGKILL it once one slab is recorded; the records."""
+    work = Path(outdir) / f".{Path(path).name.split('.')[0]}.split"
     code = textwrap.dedent(f"""
         import warnings
         from distributed import Client
         from ctpore.pipelines.split import reconstruct_split
         warnings.simplefilter("ignore")
-        reconstruct_split({str(path)!r}, {str(tmp_path)!r}, Client({client.scheduler.address!r}), slab_slices={SLAB})
+        reconstruct_split({str(path)!r}, {str(outdir)!r}, Client({client.scheduler.address!r}), slab_slices={SLAB})
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CTPORE_NO_PROGRESS": "1"})
     deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and not list(work.glob("record-*.json")):
+    while time.time() < deadline and proc.poll() is None and not list(work.glob("*/record-*.json")):
         time.sleep(0.01)
     proc.kill()
     proc.wait()
-    first = list(work.glob("record-*.json"))
+    first = list(work.glob("*/record-*.json"))
     assert 1 <= len(first) < 4, f"the driver was killed with {len(first)} of 4 slabs recorded"
+    assert not (Path(outdir) / "core_metrics.json").exists()  # nothing looks finished
+    return first
+
+
+def test_a_driver_killed_mid_run_is_finished_by_a_rerun_that_computes_only_the_missing_slabs(scans, client, tmp_path):
+    path, single = scans[1]["core.nii"]
+    _kill_driver_after_first_record(path, tmp_path, client)
     time.sleep(2.0)  # slabs still running on the workers when the driver died end (and record themselves)
-    done = {p.name: (p.stat().st_mtime_ns, p.read_text()) for p in work.glob("record-*.json")}
-    assert not (tmp_path / "core_metrics.json").exists()  # nothing looks finished
+    work = tmp_path / ".core.split"
+    done = {p.name: p.read_text() for p in work.glob("*/record-*.json")}
     got = split(path, tmp_path, client)
     assert_same(single, got)
     assert not work.exists()
     assert got["result"]["split"]["slabs_done_before"] == len(done) < 4  # only the missing slabs were computed
-    assert all("outside" in json.loads(text) for _mtime, text in done.values())
+    assert all("outside" in json.loads(text) for text in done.values())
+
+
+def test_a_rerun_with_other_options_never_takes_the_killed_runs_work(scans, client, tmp_path):
+    """The killed driver's slabs still run on the workers while a rerun with another margin starts
+    (no wait): none of their records or store writes reach the rerun's outputs."""
+    path, _ = scans[1]["core.nii"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        single = reconstruct_file(path, tmp_path / "one", output_format="ome-zarr", sample_margin=2)
+    _kill_driver_after_first_record(path, tmp_path / "split", client)
+    got = split(path, tmp_path / "split", client, sample_margin=2)
+    assert got["result"]["split"]["slabs_done_before"] == 0
+    assert_same(single, got)
+    assert not any(p.name.startswith(".") for p in (tmp_path / "split").iterdir())
 
 
 def test_the_command_line_splits_a_scan_on_a_local_cluster(scans, tmp_path, capsys):

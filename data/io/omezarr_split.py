@@ -9,13 +9,15 @@ by one process; its chunks are as deep or shallower (a power of two of slices, a
 ``align / 2**k`` slices at level ``k``), so that slabs need not be hundreds of slices apart: a
 single run's coarse levels hold up to 64 of their slices a chunk, 64 x 2**k slices of the scan.
 
-Until :meth:`SplitStore.finish` the store lies beside its destination under a fixed hidden name
-(``.<stem>.split.ome.zarr``), which a reader never takes for the output and a rerun finds again;
-``finish`` renames it over the destination, as a single run's writer does.
+Until :meth:`SplitStore.finish` the store lies beside its destination under a hidden name
+(``.<stem>.split.ome.zarr``, or ``.<stem>.split-<tag>.ome.zarr`` with the run's ``tag``), which a
+reader never takes for the output and a rerun of the same plan finds again; ``finish`` renames it
+over the destination, as a single run's writer does.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 from pathlib import Path
@@ -54,12 +56,13 @@ class SplitStore:
     True
     """
 
-    def __init__(self, path: str | Path, geometry: Geometry, dtype: Any, align: int = 64):
+    def __init__(self, path: str | Path, geometry: Geometry, dtype: Any, align: int = 64, tag: str = ""):
         self.path, self.geometry, self.dtype = Path(path), geometry, np.dtype(dtype)
         if not self.path.name.lower().endswith(OME_ZARR_SUFFIX):
             raise InputError(f"an OME-Zarr output must end with {OME_ZARR_SUFFIX}", self.path)
         self.stem = self.path.name[: -len(OME_ZARR_SUFFIX)]
-        self.work = self.path.parent / f".{self.stem}.split{OME_ZARR_SUFFIX}"
+        #: Names the run (its plan) in the hidden name: a store of another plan is never written into.
+        self.tag = tag
         self.shapes = level_shapes(tuple(int(n) for n in geometry.shape))
         if align < 1 or align & (align - 1):
             raise ValueError(f"align must be a power of two, got {align}")
@@ -72,6 +75,17 @@ class SplitStore:
         #: chunks of ``cz_k`` slices, so a slab starts on a multiple of every ``cz_k * 2**k`` (all
         #: powers of two: ``align``, or ``2**k`` of the coarsest level where that is more).
         self.alignment = max(cz * 2**k for k, (cz, _, _) in enumerate(self.chunks))
+
+    @property
+    def work(self) -> Path:
+        """The unfinished store's hidden path."""
+        tag = f"-{self.tag}" if self.tag else ""
+        return self.path.parent / f".{self.stem}.split{tag}{OME_ZARR_SUFFIX}"
+
+    def others(self) -> list[Path]:
+        """The unfinished stores of this output left by runs of other plans."""
+        return [p for p in self.path.parent.glob(f".{glob.escape(self.stem)}.split*{OME_ZARR_SUFFIX}")
+                if p != self.work and p.name[len(self.stem) + 7:-len(OME_ZARR_SUFFIX)][:1] in ("", "-")]
 
     def create(self) -> None:
         """Make the store (its levels and metadata, no data yet); an earlier run's store of the same
