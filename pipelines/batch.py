@@ -147,6 +147,8 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict, client: Any 
             rec.update(status="failed", error=str(exc))
         except Exception as exc:  # an internal error: reported for this scan, the batch goes on
             rec.update(status="failed", error=f"internal error: {type(exc).__name__}: {exc}")
+            if client is not None and type(exc).__name__ == "KilledWorker":  # a slab's worker died: retried
+                rec["worker_lost"] = True
     if caught:
         rec["warnings"] = warning_records(caught)
     rec["seconds"] = round(time.perf_counter() - t0, 3)
@@ -323,7 +325,13 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
             # from here (a scan's task never waits on its own slabs' tasks: no deadlock on a full cluster)
             for n_end, t in enumerate(todo, 1):
                 rec = run_task(t, str(outdir), options, key, client=client)
-                rec["attempts"] = 1
+                attempt = 1
+                while rec.pop("worker_lost", False) and attempt <= retries:  # again: its recorded slabs are kept
+                    if on_retry is not None:
+                        on_retry({"scan": t.scan, "attempt": attempt + 1, "of": retries + 1, "error": rec["error"]})
+                    attempt += 1
+                    rec = run_task(t, str(outdir), options, key, client=client)
+                rec["attempts"] = attempt
                 rec["split"] = True
                 result[rec["status"] if rec["status"] in STATUSES else "failed"] += 1
                 ended(rec)

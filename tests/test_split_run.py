@@ -258,3 +258,35 @@ def test_a_batch_with_more_workers_than_scans_splits_each_scan_across_them(scans
     assert_same(single, {**got, "result": json.loads(got["metrics"].read_text())}, also_skip=("batch",))
     again = run_batch(manifest, tmp_path / "out", workers=2, options={"output_format": "ome-zarr"})
     assert again["skipped"] == 1  # done, with these options: a rerun skips it
+
+
+def test_a_batch_runs_a_split_scan_again_when_a_slabs_worker_died(scans, tmp_path, monkeypatch):
+    """A worker lost for good (the scheduler's KilledWorker) fails the first try; the batch runs the
+    scan again, as it does an unsplit scan whose worker died, and the retry's outputs are whole."""
+    from types import SimpleNamespace
+
+    from distributed import KilledWorker
+
+    import ctpore.pipelines.split as split_mod
+    from ctpore.pipelines.batch import run_batch
+
+    path, single = scans[1]["core.nii"]
+    real, calls, retried = split_mod.reconstruct_split, [], []
+
+    def dies_once(*args, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KilledWorker("slab-0", SimpleNamespace(address="tcp://127.0.0.1:1"), 0)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(split_mod, "reconstruct_split", dies_once)
+    manifest = tmp_path / "scans.txt"
+    manifest.write_text(f"{path}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = run_batch(manifest, tmp_path / "out", workers=2, retries=1, on_retry=retried.append,
+                        options={"output_format": "ome-zarr"})
+    [rec] = res["records"]
+    assert rec["status"] == "done" and rec["attempts"] == 2 and len(retried) == 1
+    assert "KilledWorker" in retried[0]["error"]
+    assert json.loads((tmp_path / "out" / "core_metrics.json").read_text())["porosity"] == single["result"]["porosity"]
