@@ -96,6 +96,14 @@ class _FitOutside:
         g0, out = self._slab
         return out[z - g0: key.stop - g0]
 
+    def covers_all(self) -> bool:
+        """Whether the outside covers every slice (one pass over the scan, by code slabs; it stops
+        at the first slab with a sample voxel)."""
+        for g0 in range(0, self.shape[0], CODE_SLABS):
+            if not self[g0: min(self.shape[0], g0 + CODE_SLABS)].all():
+                return False
+        return True
+
 
 def _dask_map(client, progress: ProgressFn = None, stage: str = ""):
     def run(fn, items):
@@ -215,7 +223,10 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
         if outside_fit is None and margin:
             warnings.warn(f"{source}: --sample-margin {margin} is not applied (the sample has no surface); every "
                           "figure is of the whole volume", stacklevel=2)
-        lo, hi = robust_range(scan, outside=_FitOutside(scan, outside_fit, margin) if outside_fit else None)
+        outside = _FitOutside(scan, outside_fit, margin) if outside_fit else None
+        lo, hi = robust_range(scan, outside=outside)
+        if outside is not None and lo == hi == 0.0 and outside.covers_all():  # (no sample voxel in the range's slices)
+            check_outside({"outside_voxels": int(np.prod(shape))}, shape, source)  # refused before any slab runs
         if not has_contrast(lo, hi):
             warn_no_contrast(lo)
         stages["sample_and_range"] = round(time.perf_counter() - t0, 3)

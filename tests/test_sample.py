@@ -412,3 +412,20 @@ def test_the_methods_see_the_outside_as_the_samples_solid():
     solid = scan[true & (truth == 0)]
     noise = float(np.std(scan[~true][: 10_000]))
     assert abs(float(filled[out][0]) - float(np.median(solid))) <= 3 * noise
+
+
+def test_the_margins_erosion_equals_scipys_erosion_by_the_diamond():
+    """The margin's one distance pass against ``scipy.ndimage.binary_erosion`` with the diamond of
+    that radius (the image's border inside), on random masks, margins 1..40."""
+    from scipy import ndimage as ndi
+
+    from ctpore.data.sample import erode_diamond
+
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        h, w = (int(v) for v in rng.integers(3, 90, 2))
+        mask = ndi.binary_opening(rng.random((h, w)) > 0.3) | (rng.random((h, w)) > 0.97)
+        margin = int(rng.integers(1, 41))
+        disk = ndi.iterate_structure(ndi.generate_binary_structure(2, 1), margin)
+        assert np.array_equal(erode_diamond(mask, margin), ndi.binary_erosion(mask, disk, border_value=1))
+    assert erode_diamond(np.ones((4, 5), bool), 2).all()

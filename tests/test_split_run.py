@@ -243,6 +243,20 @@ def test_a_split_run_the_disk_cannot_hold_is_refused_before_any_work(scans, clie
     assert not submitted and not out.exists()  # no slab ran, nothing was made
 
 
+def test_a_sample_the_margin_erodes_away_is_refused_before_any_slab_runs(scans, client, tmp_path, monkeypatch):
+    from ctpore.errors import InputError
+
+    path, _ = scans[1]["core.nii"]
+    with pytest.raises(InputError, match="no voxel is left for the sample") as single:
+        reconstruct_file(path, tmp_path / "one", sample_margin=40)
+    submitted = []
+    monkeypatch.setattr(client, "map", lambda *a, **k: submitted.append(1))
+    with pytest.raises(InputError, match="no voxel is left for the sample") as got:
+        split(path, tmp_path / "split", client, sample_margin=40)
+    assert str(got.value) == str(single.value)
+    assert not submitted and not (tmp_path / "split").exists()
+
+
 def test_a_batch_with_more_workers_than_scans_splits_each_scan_across_them(scans, tmp_path):
     from ctpore.pipelines.batch import run_batch
 
