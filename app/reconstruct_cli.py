@@ -3,6 +3,8 @@ by :mod:`ctpore.app.cli`; thin like every command: parse, call a pipeline, print
 
 from __future__ import annotations
 
+import logging
+
 from pathlib import Path
 
 import click
@@ -192,5 +194,6 @@ def _split_cluster(scheduler, workers):
     from ctpore.pipelines.batch_cluster import require_cluster, start_cluster
 
     require_cluster()
-    client, cluster, _gpu = start_cluster(scheduler, workers or 2, 1, retries=3)
+    # the workers' own logs stay quiet: a slab's failure comes back to this process, which says it in one line
+    client, cluster, _gpu = start_cluster(scheduler, workers or 2, 1, retries=3, log_level=logging.CRITICAL)
     return client, cluster

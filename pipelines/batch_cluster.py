@@ -26,10 +26,11 @@ def require_cluster() -> None:
 
 
 def start_cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int, verbose: bool = False,
-                  retries: int = 0):
+                  retries: int = 0, log_level: Optional[int] = None):
     """``(client, cluster or None, gpu)``: a client of the given scheduler or of a local cluster
-    (whose workers log at WARNING, INFO when ``verbose``). ``retries``: how often the local
-    scheduler runs a task again whose worker died (batch retries worker deaths itself: 0)."""
+    (whose workers log at WARNING, INFO when ``verbose``, or at ``log_level``). ``retries``: how
+    often the local scheduler runs a task again whose worker died (batch retries worker deaths
+    itself: 0)."""
     import dask
     from distributed import Client, LocalCluster
 
@@ -40,7 +41,7 @@ def start_cluster(scheduler: Optional[str], workers: int, gpus_per_worker: int, 
         return client, None, gpu
     gpus = cuda_count()
     dask.config.set({"distributed.scheduler.allowed-failures": int(retries)})
-    quiet = {"silence_logs": logging.INFO if verbose else logging.WARNING}
+    quiet = {"silence_logs": log_level if log_level is not None else logging.INFO if verbose else logging.WARNING}
     if gpus:
         try:
             from dask_cuda import LocalCUDACluster

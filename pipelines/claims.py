@@ -12,6 +12,7 @@ beside its outputs are removed by the next run of the same stem (:func:`remove_s
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
@@ -44,15 +45,25 @@ LOCK_STALE_S = 900.0
 LOCK_STARTING_S = 60.0
 
 
-def remove_stale_temps(paths: dict) -> int:
+def remove_stale_temps(paths: dict, keep_split_work: bool = False) -> int:
     """Remove the temporary files a killed earlier run left for these outputs; return how many.
 
     A file is written to ``.<name stem>.tmp-XXXXXXXX<suffix>`` beside it and renamed when whole
     (:func:`ctpore.atomic.atomic_write`); a run killed mid-write leaves that temporary behind.
     Only the temporaries of these outputs are touched (another run writing other scans into the
-    same folder keeps its own).
+    same folder keeps its own). A killed split run's work (``.<stem>.split/`` and its unfinished
+    stores ``.<stem>_<kind>.split*.ome.zarr``) goes too, unless ``keep_split_work`` (a split run's
+    rerun, which finishes it).
     """
     n = 0
+    metrics = Path(paths["metrics"])
+    if not keep_split_work and metrics.parent.is_dir():
+        stem = glob.escape(metrics.name[: -len("_metrics.json")])
+        for stale in [*metrics.parent.glob(f".{stem}.split"),
+                      *(q for kind in ("pores", "prob", "sample")
+                        for q in metrics.parent.glob(f".{stem}_{kind}.split*{OME_ZARR_SUFFIX}"))]:
+            remove_tree(stale)
+            n += 1
     for p in map(Path, paths.values()):
         if not p.parent.is_dir():
             continue
@@ -328,7 +339,7 @@ def _remove_empty(folders: list[Path]) -> None:
 
 
 @contextmanager
-def claim_run(paths: dict, overwrite: bool = False, tmp_dir=None) -> Iterator[DiskGuard]:
+def claim_run(paths: dict, overwrite: bool = False, tmp_dir=None, keep_split_work: bool = False) -> Iterator[DiskGuard]:
     """What a run of ``reconstruct_file`` holds, from before any work to its end: its outputs
     (:func:`claim_outputs`, ``fresh`` without ``overwrite``; then the temporaries a killed earlier
     run of this stem left are removed, :func:`remove_stale_temps`) and its disk: the
@@ -336,5 +347,5 @@ def claim_run(paths: dict, overwrite: bool = False, tmp_dir=None) -> Iterator[Di
     and the method are known, and which turns a disk that fills up anyway into an ``InputError``.
     ``tmp_dir``: where the run's temporary files go (default: the output folder)."""
     with claim_outputs(paths, fresh=not overwrite), DiskGuard(paths, tmp_dir) as disk:
-        remove_stale_temps(paths)
+        remove_stale_temps(paths, keep_split_work)
         yield disk

@@ -29,6 +29,7 @@ and the work folder must be at the same paths on each.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -174,6 +175,20 @@ def _prepare_work(plan: SplitPlan, root: Path) -> None:
         store.create()
 
 
+@contextlib.contextmanager
+def _removed_on_bad_input(work: Path, stores: dict):
+    """The work folder and the unfinished stores, removed when a slab finds the input bad (a rerun
+    could not take them up: the plan's scan changed or cannot be read); kept on any other failure
+    or interrupt, for the rerun that finishes them."""
+    try:
+        yield
+    except InputError:
+        for store in stores.values():
+            store.discard()
+        remove_tree(work)
+        raise
+
+
 def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights: Optional[PathLike] = None,
                       device: str = "cpu", slice_axis: Optional[int] = None, memory_gb: float = 1.5,
                       precision: str = "auto", attention_backend: Optional[str] = None,
@@ -211,7 +226,8 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
     work = Path(outdir) / f".{stem}.split"
     nifti = output_format != "ome-zarr"
     source = str(scan_path)
-    with claim_run(paths, overwrite, None) as disk, load_scan(scan_path, slice_axis=slice_axis) as scan:
+    with claim_run(paths, overwrite, None, keep_split_work=True) as disk, \
+            load_scan(scan_path, slice_axis=slice_axis) as scan:
         predictor = slab_predictor(None if weights is None else str(weights), device, attention_backend)
         disk.check(scan, predictor, memory_gb=memory_gb, tile=tile, chunk_slices=chunk_slices, sample=sample,
                    precision=precision)
@@ -260,7 +276,7 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
             attention_backend=attention_backend, precision=precision,
             tile=run_plan.tile, chunk=run_plan.chunk_slices, sub=run_plan.slab, lo=lo, hi=hi, fit=outside_fit,
             margin=margin, post=post, work=str(plan_dir), stores=stores, slabs=slabs, middle=shape[0] // 2, key=key)
-        with output_set(paths):
+        with output_set(paths), _removed_on_bad_input(work, stores):
             _prepare_work(plan, work)
             clock = time.perf_counter()
             done = _dask_map(client, progress, "slabs")(lambda ab: predict_slab(plan, *ab), slabs)

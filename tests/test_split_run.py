@@ -186,6 +186,17 @@ def test_a_rerun_with_other_options_never_takes_the_killed_runs_work(scans, clie
     assert not any(p.name.startswith(".") for p in (tmp_path / "split").iterdir())
 
 
+def test_a_one_process_run_removes_a_killed_split_runs_work(scans, client, tmp_path):
+    path, _ = scans[1]["core.nii"]
+    _kill_driver_after_first_record(path, tmp_path, client)
+    time.sleep(2.0)  # the killed driver's running slabs end
+    assert (tmp_path / ".core.split").is_dir() and list(tmp_path.glob(".core_*.split*.ome.zarr"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reconstruct_file(path, tmp_path, output_format="ome-zarr")
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
 def test_the_command_line_splits_a_scan_on_a_local_cluster(scans, tmp_path, capsys):
     path, single = scans[1]["core.nii"]
     code, out, _err = run_cli(["reconstruct", path, "-o", tmp_path, "--workers", "2", "--slab-slices", SLAB], capsys)
@@ -304,3 +315,27 @@ def test_a_batch_runs_a_split_scan_again_when_a_slabs_worker_died(scans, tmp_pat
     assert rec["status"] == "done" and rec["attempts"] == 2 and len(retried) == 1
     assert "KilledWorker" in retried[0]["error"]
     assert json.loads((tmp_path / "out" / "core_metrics.json").read_text())["porosity"] == single["result"]["porosity"]
+
+
+def test_a_scan_that_goes_bad_mid_run_is_one_line_and_leaves_nothing(tmp_path):
+    """The scan file is cut short while the slabs run (a network file system's failure): the command
+    says so in one line, exit 2, with no worker's log on the terminal, and leaves no output, work
+    folder or unfinished store (the plan's scan changed: no rerun could take them up)."""
+    vol, _truth, info = make_pair(5, shape=(512, 48, 48), scene="core-air")
+    path = save_volume(tmp_path / "c.nii", np.asarray(vol), geometry_from_array(vol.shape, info["scene"]["spacing_mm"]))
+    out = tmp_path / "out"
+    cli = "import sys; from ctpore.app.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", cli, "reconstruct", str(path), "-o", str(out), "--workers", "2",
+                             "--slab-slices", str(SLAB)], env={**os.environ, "CTPORE_NO_PROGRESS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not list(out.glob(".c.split/*/record-*.json")):
+        time.sleep(0.005)
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:
+        fh.truncate(size // 2)
+    _stdout, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "c.nii" in err
+    assert not out.exists() or not list(out.iterdir()), sorted(p.name for p in out.iterdir())
