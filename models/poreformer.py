@@ -168,10 +168,15 @@ class PoreFormer(nn.Module):
         several ran (say flash at full resolution and sdpa for a shape flash refuses), joined by
         ``+``, the most used first; ``"none"`` before any call.
         """
+        return "+".join(k for k, _ in Counter(self.backend_calls()).most_common()) or "none"
+
+    def backend_calls(self) -> dict:
+        """How many times each attention kernel ran since the model was built (or
+        :meth:`reset_backends_ran`): what :meth:`backends_ran` orders (runs of parts of a scan add up)."""
         total: Counter = Counter()
         for blk in self._attention_blocks():
             total.update(blk.attn.ran)
-        return "+".join(k for k, _ in total.most_common()) or "none"
+        return dict(total)
 
     def reset_backends_ran(self) -> None:
         """Forget which kernels ran (see :meth:`backends_ran`)."""

@@ -24,8 +24,8 @@ from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.spill import RawCopy
 from ctpore.progress import ProgressFn
 
-__all__ = ["CODE_SLABS", "SAMPLE_MODES", "SampleMask", "check_margin", "check_outside", "prepare_sample", "sample_info",
-           "solid_level"]
+__all__ = ["CODE_SLABS", "NO_SURFACE", "SAMPLE_MODES", "SampleMask", "check_margin", "check_outside", "prepare_sample",
+           "sample_info", "solid_level", "warn_margin_not_applied"]
 
 #: What ``--sample`` takes besides a mask file.
 SAMPLE_MODES = ("auto", "all")
@@ -238,7 +238,13 @@ def _erode(store, shape, margin: int) -> int:
     return n
 
 
-def _no_surface(margin: int, source: str, why: str) -> None:
+#: Why a margin is not applied (:func:`warn_margin_not_applied`).
+NO_SURFACE = {"all": "--sample all takes every voxel",
+              "border": "the material reaches the border: the sample has no surface"}
+
+
+def warn_margin_not_applied(margin: int, source: str, why: str) -> None:
+    """Warn that ``--sample-margin`` is not applied, and why (a :data:`NO_SURFACE` value)."""
     if margin:
         warnings.warn(f"{source}: --sample-margin {margin} is not applied ({why}); every figure is of the whole "
                       "volume", CtporeWarning, stacklevel=3)
@@ -257,13 +263,13 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
     units_known = getattr(geometry, "units", "mm") != "unknown"  # else the fit's lengths are in voxels
     in_memory = not isinstance(volume, Scan)
     if sample is None or (isinstance(sample, str) and sample == "all"):
-        _no_surface(margin, source, "--sample all takes every voxel")
+        warn_margin_not_applied(margin, source, NO_SURFACE["all"])
         return SampleMask(None, sample_info(None, units_known))
     fit = None
     if isinstance(sample, str) and sample == "auto":
         fit = shape_fit = find_sample(volume, geometry.spacing_mm)
         if not fit.has_outside:  # no surface to erode a margin from either
-            _no_surface(margin, source, "the material reaches the border: the sample has no surface")
+            warn_margin_not_applied(margin, source, NO_SURFACE["border"])
             return SampleMask(None, sample_info(fit, units_known), fit=fit)
         store, handle = _store(shape, folder, in_memory)
         n = region = wall = 0

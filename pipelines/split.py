@@ -29,6 +29,7 @@ and the work folder must be at the same paths on each.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
@@ -36,7 +37,6 @@ import json
 import math
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -51,7 +51,8 @@ from ctpore.data.normalize import has_contrast, robust_range, warn_clipped
 from ctpore.data.normalize import warn_no_contrast
 from ctpore.data.rim import RimCheck
 from ctpore.errors import InputError
-from ctpore.pipelines.sample_mask import CODE_SLABS, check_margin, check_outside, sample_info
+from ctpore.pipelines.sample_mask import (CODE_SLABS, NO_SURFACE, check_margin, check_outside, sample_info,
+                                         warn_margin_not_applied)
 from ctpore.pipelines.split_slab import SplitPlan, predict_slab, read_raw, slab_predictor, write_slab
 from ctpore.progress import ProgressFn
 
@@ -236,9 +237,8 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
         units_known = getattr(geometry, "units", "mm") != "unknown"
         fit = find_sample(scan, geometry.spacing_mm) if sample == "auto" else None
         outside_fit = fit if fit is not None and fit.has_outside else None
-        if outside_fit is None and margin:
-            warnings.warn(f"{source}: --sample-margin {margin} is not applied (the sample has no surface); every "
-                          "figure is of the whole volume", stacklevel=2)
+        if outside_fit is None:  # every voxel is sample: no surface to erode a margin from
+            warn_margin_not_applied(margin, source, NO_SURFACE["all" if sample == "all" else "border"])
         outside = _FitOutside(scan, outside_fit, margin) if outside_fit else None
         lo, hi = robust_range(scan, outside=outside)
         if outside is not None and lo == hi == 0.0 and outside.covers_all():  # (no sample voxel in the range's slices)
@@ -299,9 +299,11 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
                 acc.join(r["metrics"])
                 rim.counts += r["rim"]
                 picture = r["picture"] if r["picture"] is not None else picture
-            backends = sorted({d["backend"] for d in done if d["backend"]})
-            info = {**predictor.info, "attention_backend": "+".join(backends) or None,
-                    "precision": _precision_name(precision, predictor.device)}
+            calls = collections.Counter()
+            for d in done:
+                calls.update(d["backend"] or {})
+            info = {**predictor.info, "attention_backend": "+".join(k for k, _ in calls.most_common()) or None,
+                    "precision": _precision_name(precision, predictor.device) if plan.contrast else None}
             metrics = run_metrics(acc, geometry, predictor.name, info, clipped=clipped, post=post, sample=info_sample,
                                   fit=outside_fit, rim=rim, source=source, truth=False)
             stages["postprocess_and_write"] = round(time.perf_counter() - clock, 3)

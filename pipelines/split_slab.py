@@ -169,7 +169,7 @@ def predict_slab(plan: SplitPlan, za: int, zb: int) -> dict:
                     predictor.model.reset_backends_ran()
                     predict(predictor.model, view, chunk_slices=plan.chunk, tile=plan.tile, device=predictor.device,
                             out=prob, precision=plan.precision, z_range=(za, zb))
-                    out["backend"] = predictor.model.backends_ran()
+                    out["backend"] = predictor.model.backend_calls()
                     if view.saw_clipping:
                         out["clipped"] = count_clipped(src.array[za - start: zb - start], plan.lo, plan.hi)
                 prob.flush()

@@ -98,15 +98,35 @@ def test_a_scan_split_into_four_slabs_equals_the_single_run(scans, client, name,
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no work folder, no store left behind
 
 
-@pytest.mark.parametrize("options", [{"chunk_slices": 40}, {"sample": "all"}], ids=["chunks-of-40", "sample-all"])
+@pytest.mark.parametrize("options", [{"chunk_slices": 40}, {"sample": "all", "sample_margin": 2}],
+                         ids=["chunks-of-40", "sample-all"])
 def test_a_split_run_with_options_equals_the_single_run_with_them(scans, client, tmp_path, options):
     """Chunks of 40 slices do not divide the slabs of 64 (a slab's last chunk runs past it, as in the
-    single run); ``--sample all`` takes every voxel of a core in air."""
+    single run); ``--sample all`` takes every voxel of a core in air (a margin is not applied, and
+    both say why). Voxels, metrics and warnings the same."""
     path, _ = scans[1]["core.nii"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as w1:
+        warnings.simplefilter("always")
         single = reconstruct_file(path, tmp_path / "one", output_format="ome-zarr", **options)
-    assert_same(single, split(path, tmp_path / "split", client, **options))
+    with warnings.catch_warnings(record=True) as w2:
+        warnings.simplefilter("always")
+        got = reconstruct_split(path, tmp_path / "split", client, slab_slices=SLAB, **options)
+    assert_same(single, got)
+    assert [(x.category, str(x.message)) for x in w1] == [(x.category, str(x.message)) for x in w2]
+
+
+def test_a_scan_without_contrast_split_equals_the_single_run(client, tmp_path):
+    """A constant scan (the model is not run: every voxel solid, probability 0) and its warnings."""
+    vol = np.full((192, 40, 40), 1200.0, np.float32)
+    path = save_volume(tmp_path / "flat.nii", vol, geometry_from_array(vol.shape, (0.01, 0.01, 0.01)))
+    with warnings.catch_warnings(record=True) as w1:
+        warnings.simplefilter("always")
+        single = reconstruct_file(path, tmp_path / "one", output_format="ome-zarr")
+    with warnings.catch_warnings(record=True) as w2:
+        warnings.simplefilter("always")
+        got = reconstruct_split(path, tmp_path / "split", client, slab_slices=SLAB)
+    assert_same(single, got)
+    assert [str(x.message) for x in w1] == [str(x.message) for x in w2]
 
 
 def test_a_worker_killed_mid_slab_is_run_again_to_the_same_bytes(scans, client, tmp_path):
