@@ -286,10 +286,12 @@ def write_scale_report(res: dict, outdir: Union[str, os.PathLike], command: str)
               f"{res['nifti']['hours']['4096']} hours for 4096^3, whatever the number of nodes (three quarters of "
               "this core's slices are outside it, zeros that compress fast: a scan whose sample fills its slices "
               "takes longer).",
-              "- **Reruns**: the work folder keeps each finished slab's files and record; a rerun after the driver "
-              "died computes only the slabs without a record. A worker that dies mid-slab has its slab run again "
-              "by the scheduler, to the same bytes. The stores take their names only when every slab is written; "
-              "the metrics file comes last.",
+              "- **Reruns**: the work folder keeps each finished slab's files and record under the plan's id (a "
+              "hash of the scan, its size and time, the options and the weights); a rerun after the driver died "
+              "computes only the slabs without a record, and a rerun with other options starts over. A worker that "
+              "dies mid-slab has its slab run again by the scheduler, to the same bytes. The stores take their "
+              "names only when every slab is written; the metrics file comes last. A scan that cannot be read "
+              "mid-run ends the run in one line, its work removed.",
               "", "## On a SLURM cluster of GPU nodes", "",
               "With [dask-jobqueue](https://jobqueue.dask.org) a driver asks SLURM for workers, one per GPU node, and "
               "splits the scan across them. The driver plans tiles for the device it is given, so it runs as a job "
