@@ -51,13 +51,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from scipy import ndimage as ndi
 
+from ctpore.data.binary import erode_diamond
 from ctpore.data.envelope import Envelope, fit_envelope, sample_slices
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
 from ctpore.data.profiles import PROFILE_PIXELS
 
-__all__ = ["AIR_SLICE", "BEYOND", "KINDS", "SURFACE", "SampleFit", "erode_diamond", "find_sample"]
+__all__ = ["AIR_SLICE", "BEYOND", "KINDS", "SURFACE", "SampleFit", "find_sample"]
 
 #: What :attr:`SampleFit.kind` may be.
 KINDS = ("none", "constant", "cylinder", "outline", "dark")
@@ -322,27 +322,6 @@ def _clipped(slices, valid) -> list:
     lo, hi = robust_range(np.stack(slices), max_slices=len(slices), outside=outside)
     w = hi - lo
     return [np.clip(sl, lo + CLIP_LOW * w, hi + (CLIP_HIGH - 1.0) * w) for sl in slices]
-
-
-def erode_diamond(mask: np.ndarray, margin: int) -> np.ndarray:
-    """``mask`` (2D bool) eroded by a diamond (the 4-connected ball) of radius ``margin``, the
-    image's border counting as inside: the pixels whose taxicab distance to the nearest pixel off
-    the mask is more than ``margin``. One distance pass, whatever the margin (the erosion by the
-    diamond itself takes margin^2 the time).
-
-    Examples
-    --------
-    >>> m = np.ones((5, 7), bool); m[2, 3] = False
-    >>> erode_diamond(m, 1).astype(int)
-    array([[1, 1, 1, 1, 1, 1, 1],
-           [1, 1, 1, 0, 1, 1, 1],
-           [1, 1, 0, 0, 0, 1, 1],
-           [1, 1, 1, 0, 1, 1, 1],
-           [1, 1, 1, 1, 1, 1, 1]])
-    """
-    if mask.all():  # nothing off the mask: nothing to erode from (the distance pass reports -1)
-        return mask.copy()
-    return ndi.distance_transform_cdt(mask, metric="taxicab") > margin
 
 
 def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> SampleFit:

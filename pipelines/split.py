@@ -139,6 +139,13 @@ def store_to_nifti(store: Path, dest: Path, geometry, dtype, spool: Path) -> Non
             writer.write(np.asarray(level[z: z + step]))
 
 
+def _scan_stamp(path: Path) -> tuple[int, int]:
+    """The scan's bytes and last change (ns): of the file, or of a folder and the entries in it (a
+    folder of slices: a slice rewritten in place changes its own time, not the folder's)."""
+    stats = [path.stat()] + ([p.stat() for p in path.iterdir()] if path.is_dir() else [])
+    return sum(st.st_size for st in stats), max(st.st_mtime_ns for st in stats)
+
+
 def _earlier_slabs(root: Path, key: dict) -> Optional[list[tuple[int, int]]]:
     """The slabs of an interrupted run of the same plan but for its slabs (its default slab size
     followed the workers there were then), so that a rerun keeps the slabs it recorded."""
@@ -255,8 +262,8 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
         run_plan = plan_run(shape, predictor, memory_gb, None, tile=tile, chunk_slices=chunk_slices,
                             precision=precision)
         post = predictor.post.with_user_rules(min_pore_voxels)
-        stat = Path(scan_path).stat()
-        key = {"scan": str(Path(scan_path).resolve()), "scan_bytes": stat.st_size, "scan_mtime_ns": stat.st_mtime_ns,
+        size, mtime = _scan_stamp(Path(scan_path))
+        key = {"scan": str(Path(scan_path).resolve()), "scan_bytes": size, "scan_mtime_ns": mtime,
                "slice_axis": slice_axis, "shape": list(shape), "lo": lo, "hi": hi,
                "weights": predictor.info["model"]["sha256"], "device": str(device),
                "attention_backend": attention_backend, "precision": precision, "tile": run_plan.tile,

@@ -419,7 +419,7 @@ def test_the_margins_erosion_equals_scipys_erosion_by_the_diamond():
     that radius (the image's border inside), on random masks, margins 1..40."""
     from scipy import ndimage as ndi
 
-    from ctpore.data.sample import erode_diamond
+    from ctpore.data.binary import erode_diamond
 
     rng = np.random.default_rng(7)
     for _ in range(40):
