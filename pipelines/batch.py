@@ -1,9 +1,10 @@
 """``ctpore batch``: many scans through ``reconstruct_file`` on a Dask cluster, resumable.
 
 One task per scan, each a call of :func:`ctpore.pipelines.reconstruct.reconstruct_file` on a Dask
-worker (weights loaded once per worker process and kept); or, when the cluster has more workers than
-there are scans to do, each scan in turn split into Z-slabs across all of them
-(:mod:`ctpore.pipelines.split`, where :func:`split_options` allows it). Dask places the tasks; this module
+worker (weights loaded once per worker process and kept); where whole scans would leave workers
+idle (fewer scans than workers, or the last, partial round of scans), those scans are split into
+Z-slabs across all the workers, one at a time (:mod:`ctpore.pipelines.batch_split`, where
+:func:`split_options` allows it). Dask places the tasks; this module
 reads the manifest, checks everything that can be checked before any work, skips scans already
 done, and writes ``OUTDIR/batch_report.jsonl``: one line per scan as it ends (scan, status,
 metrics or error, seconds, worker, attempts, the warnings the scan raised, when it ended), and
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -48,6 +50,7 @@ from ctpore.errors import InputError
 from ctpore.pipelines.batch_cluster import require_cluster, start_cluster
 from ctpore.pipelines.batch_logs import quiet_dask, warning_records
 from ctpore.pipelines.batch_manifest import ScanTask, check_stem_collisions, read_manifest, select_part
+from ctpore.pipelines.batch_split import SplitScans, scans_to_split
 from ctpore.pipelines.batch_summary import BatchSummary
 from ctpore.pipelines.output_formats import DEFAULT_OUTPUT_FORMAT
 from ctpore.progress import ProgressFn
@@ -320,24 +323,18 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
         attempts: dict[str, int] = {}
         futures = {}
         n_workers = len(client.scheduler_info().get("workers", {}))
-        if not gpu and len(todo) < n_workers and all(split_options(t, options) for t in todo):
-            # more workers than scans: each scan in turn split across all of them, its slabs submitted
-            # from here (a scan's task never waits on its own slabs' tasks: no deadlock on a full cluster)
-            for n_end, t in enumerate(todo, 1):
-                rec = run_task(t, str(outdir), options, key, client=client)
-                attempt = 1
-                while rec.pop("worker_lost", False) and attempt <= retries:  # again: its recorded slabs are kept
-                    if on_retry is not None:
-                        on_retry({"scan": t.scan, "attempt": attempt + 1, "of": retries + 1, "error": rec["error"]})
-                    attempt += 1
-                    rec = run_task(t, str(outdir), options, key, client=client)
-                rec["attempts"] = attempt
-                rec["split"] = True
+        n_split = scans_to_split(len(todo), n_workers, not gpu)
+        n_split *= all(split_options(t, options) for t in todo[len(todo) - n_split:])
+        whole, tail = todo[: len(todo) - n_split], todo[len(todo) - n_split:]
+        lock, n_end = threading.Lock(), [0]
+
+        def end(rec: dict) -> None:  # from this thread and the split scans' one
+            with lock:
                 result[rec["status"] if rec["status"] in STATUSES else "failed"] += 1
+                n_end[0] += 1
                 ended(rec)
                 if progress is not None:
-                    progress(n_end, len(todo), "scans")
-            return
+                    progress(n_end[0], len(todo), "scans")
 
         def submit(t: ScanTask):
             attempts[t.scan] = attempts.get(t.scan, 0) + 1
@@ -346,28 +343,30 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
             futures[f] = t
             return f
 
-        pending = as_completed([submit(t) for t in todo])
-        n_end = 0
-        for fut in pending:
-            t = futures.pop(fut)
-            try:
-                rec = fut.result()
-                fut.release()  # its result is here now: no worker keeps it (nor recomputes it if that worker dies)
-            except Exception as exc:  # the worker died (or the cluster failed) during this scan
-                why = f"{type(exc).__name__}: {exc}"
-                if attempts[t.scan] <= retries:
-                    if on_retry is not None:
-                        on_retry({"scan": t.scan, "attempt": attempts[t.scan] + 1, "of": retries + 1, "error": why})
-                    pending.add(submit(t))
-                    continue
-                rec = {"scan": t.scan, "status": "failed", "error": f"worker lost {attempts[t.scan]} times ({why})",
-                       "ended": _now()}
-            rec["attempts"] = attempts[t.scan]
-            result[rec["status"] if rec["status"] in STATUSES else "failed"] += 1
-            n_end += 1
-            ended(rec)
-            if progress is not None:
-                progress(n_end, len(todo), "scans")
+        pending = as_completed([submit(t) for t in whole])
+        split = SplitScans(tail, lambda t: run_task(t, str(outdir), options, key, client=client), retries, end,
+                           on_retry).start()  # after the whole scans: their slabs queue behind those tasks
+        try:
+            for fut in pending:
+                t = futures.pop(fut)
+                try:
+                    rec = fut.result()
+                    fut.release()  # its result is here now: no worker keeps it (nor recomputes it if it dies)
+                except Exception as exc:  # the worker died (or the cluster failed) during this scan
+                    why = f"{type(exc).__name__}: {exc}"
+                    if attempts[t.scan] <= retries:
+                        if on_retry is not None:
+                            on_retry({"scan": t.scan, "attempt": attempts[t.scan] + 1, "of": retries + 1,
+                                      "error": why})
+                        pending.add(submit(t))
+                        continue
+                    rec = {"scan": t.scan, "status": "failed",
+                           "error": f"worker lost {attempts[t.scan]} times ({why})", "ended": _now()}
+                rec["attempts"] = attempts[t.scan]
+                end(rec)
+            split.join()
+        finally:
+            split.stop()
     finally:
         client.close()
         if cluster is not None:

@@ -359,3 +359,24 @@ def test_a_scan_that_goes_bad_mid_run_is_one_line_and_leaves_nothing(tmp_path):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "c.nii" in err
     assert not out.exists() or not list(out.iterdir()), sorted(p.name for p in out.iterdir())
+
+
+def test_a_batch_splits_the_scans_of_its_last_partial_round(scans, tmp_path):
+    """Three scans on two workers: two run whole, one per worker; the third, which would leave a
+    worker idle, is split across both, with the single run's outputs."""
+    from ctpore.pipelines.batch import run_batch
+
+    folder, runs = scans
+    names = ["plain.nii.gz", "tube.tif", "core.nii"]
+    manifest = tmp_path / "scans.txt"
+    manifest.write_text("".join(f"{runs[n][0]}\n" for n in names))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = run_batch(manifest, tmp_path / "out", workers=2, options={"output_format": "ome-zarr"})
+    recs = {Path(r["scan"]).name: r for r in res["records"]}
+    assert all(r["status"] == "done" for r in recs.values()) and res["done"] == 3
+    assert [bool(recs[n].get("split")) for n in names] == [False, False, True]
+    for n in names:
+        single = runs[n][1]
+        got = {k: tmp_path / "out" / Path(single[k]).name for k in ("pores", "prob", "sample", "metrics")}
+        assert_same(single, {**got, "result": json.loads(got["metrics"].read_text())}, also_skip=("batch",))
