@@ -111,7 +111,8 @@ def run_reconstruction(
         clock[0] = now
 
     try:
-        smask = prepare_sample(volume, geometry, sample, folder, source, progress, margin=sample_margin)
+        smask = prepare_sample(volume, geometry, sample, folder, source, progress, margin=sample_margin,
+                               copy_filled=True)  # (the methods read the scan with its outside filled)
         outside = smask.outside
         lap("sample")
         lo, hi = robust_range(volume, outside=outside)

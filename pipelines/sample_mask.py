@@ -76,6 +76,7 @@ class SampleMask:
         self.info, self._handle, self.fit = info, handle, fit
         self._nearest = None  # the last slice's outside and its nearest sample pixels
         self.level = level
+        self._copy = None  # the scan with its outside filled, made in the pass that found the outside
 
     def inside(self, a: int, b: int) -> Optional[np.ndarray]:
         """Bool ``(n, Y, X)`` of slices ``a:b``, True in the sample (None: all of it)."""
@@ -112,6 +113,12 @@ class SampleMask:
             yield volume
         elif not isinstance(volume, Scan):
             yield self.fill(0, volume.shape[0], np.asarray(volume))
+        elif self._copy is not None:  # made already, in the pass that found the outside
+            try:
+                yield self._copy
+            finally:
+                self._copy.close()
+                self._copy = None
         else:
             copy = RawCopy(volume, folder, progress, transform=self.fill, stage="filling the outside")
             try:
@@ -120,6 +127,9 @@ class SampleMask:
                 copy.close()
 
     def close(self) -> None:
+        if self._copy is not None:
+            self._copy.close()
+            self._copy = None
         if self._handle is not None:
             self.outside = self.codes = None
             self._handle.close()
@@ -252,12 +262,14 @@ def warn_margin_not_applied(margin: int, source: str, why: str) -> None:
 
 def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, np.ndarray, None] = "auto",
                    folder: Optional[Path] = None, source: str = "the scan",
-                   progress: ProgressFn = None, margin: int = 0) -> SampleMask:
+                   progress: ProgressFn = None, margin: int = 0, copy_filled: bool = False) -> SampleMask:
     """The sample of a scan: ``auto`` (found by its shape, :func:`~ctpore.data.sample.find_sample`;
     a scan without an outside is all sample), ``all`` (every voxel), or a mask (a file or an array,
     1 = sample, of the scan's shape; a file also of its affine). ``margin``: the sample (found or
     given) is eroded by that many voxels within each slice (a damaged rim). When there is an outside,
-    a warning says how much of the scan was left out."""
+    a warning says how much of the scan was left out. ``copy_filled``: a scan read from a file
+    whose sample is found also gets, in the same pass, the copy with its outside filled that
+    :meth:`SampleMask.filled` gives (the scan read once, not twice)."""
     shape = tuple(int(s) for s in geometry.shape)
     margin = check_margin(margin)
     units_known = getattr(geometry, "units", "mm") != "unknown"  # else the fit's lengths are in voxels
@@ -272,17 +284,30 @@ def prepare_sample(volume, geometry: Geometry, sample: Union[str, os.PathLike, n
             warn_margin_not_applied(margin, source, NO_SURFACE["border"])
             return SampleMask(None, sample_info(fit, units_known), fit=fit)
         store, handle = _store(shape, folder, in_memory)
+        found = SampleMask(store, {}, handle, fit, level=solid_level(fit))
+        if copy_filled and not in_memory:
+            found._copy = RawCopy(volume, folder if folder is not None else Path(tempfile.gettempdir()), None,
+                                  copy=False)
         n = region = wall = 0
-        for z0 in range(0, shape[0], _SLAB):
-            z1 = min(shape[0], z0 + _SLAB)
-            codes, counts = fit.outside(np.asarray(volume[z0:z1], np.float32), z0, margin)
-            store[z0:z1] = codes
-            n += int(np.count_nonzero(codes))
-            region += counts["region"]
-            wall += counts["wall"]
-            if progress is not None:
-                progress(z1, shape[0], "finding the sample")
-        info = sample_info(fit, units_known, (n, region, wall), margin)
+        try:
+            for z0 in range(0, shape[0], _SLAB):
+                z1 = min(shape[0], z0 + _SLAB)
+                raw = np.asarray(volume[z0:z1], np.float32)
+                codes, counts = fit.outside(raw, z0, margin)
+                store[z0:z1] = codes
+                if found._copy is not None:
+                    found._copy.write(z0, found.fill(z0, z1, raw))
+                n += int(np.count_nonzero(codes))
+                region += counts["region"]
+                wall += counts["wall"]
+                if progress is not None:
+                    progress(z1, shape[0], "finding the sample")
+            found.info = sample_info(fit, units_known, (n, region, wall), margin)
+            check_outside(found.info, shape, source)
+        except BaseException:
+            found.close()
+            raise
+        return found
     else:
         store, handle = _store(shape, folder, in_memory)
         n = _user_mask(sample, geometry, store, progress)

@@ -77,16 +77,19 @@ class RawCopy:
     """A scan copied to a nameless temporary float32 file (z-major), read back window by window.
 
     ``transform(z0, z1, block)``, when given, changes each block of slices on the way (e.g. fills a
-    sample's outside); ``stage`` names the copy in progress reports.
+    sample's outside); ``stage`` names the copy in progress reports. With ``copy=False`` the file
+    starts empty and the caller writes it (:meth:`write`), e.g. in a pass over the scan it makes anyway.
     """
 
     def __init__(self, scan, folder: Path, progress: ProgressFn, transform=None,
-                 stage: str = "decompressing the scan"):
+                 stage: str = "decompressing the scan", copy: bool = True):
         self.shape = tuple(int(s) for s in scan.shape)
         nz, ny, nx = self.shape
         fd, name = tempfile.mkstemp(prefix=".ctpore-scan-", suffix=".f32", dir=folder)
         os.unlink(name)
         self._fd = fd
+        if not copy:  # the caller writes the slices (:meth:`write`), in a pass of its own
+            return
         step = max(1, (64 << 20) // (4 * ny * nx))
         for z0 in range(0, nz, step):
             z1 = min(nz, z0 + step)
@@ -96,6 +99,11 @@ class RawCopy:
             os.pwrite(fd, block.tobytes(), z0 * ny * nx * 4)
             if progress is not None:
                 progress(z1, nz, stage)
+
+    def write(self, z0: int, block: np.ndarray) -> None:
+        """Slices ``z0 : z0 + n`` (``block`` ``(n, Y, X)``), for a copy made with ``copy=False``."""
+        _nz, ny, nx = self.shape
+        os.pwrite(self._fd, np.ascontiguousarray(block, np.float32).tobytes(), z0 * ny * nx * 4)
 
     def read_window(self, z0: int, z1: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         _nz, ny, nx = self.shape

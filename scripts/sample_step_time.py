@@ -16,6 +16,7 @@ into the same file, alternating the versions).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import platform
 import statistics
@@ -86,7 +87,8 @@ def main() -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 t0 = time.perf_counter()
-                mask = prepare_sample(scan, scan.geometry, "auto", Path(tmp))
+                kw = {"copy_filled": True} if "copy_filled" in inspect.signature(prepare_sample).parameters else {}
+                mask = prepare_sample(scan, scan.geometry, "auto", Path(tmp), **kw)  # as the pipeline calls it
                 with mask.filled(scan, Path(tmp)):  # the outside filled for the methods: the rest of the step
                     pass
                 times.append(time.perf_counter() - t0)
