@@ -82,18 +82,21 @@ def split_slabs(nz: int, align: int, slab_slices: int) -> list[tuple[int, int]]:
 
 class _FitOutside:
     """The outside (bool) of any slice, computed from the fit as the single run computes its codes:
-    on the code slab of :data:`CODE_SLABS` slices that holds it (the fit's outline votes over a
-    slab's slices), the last slab kept."""
+    slice by slice where the fit's shape is (a cylinder, a constant or dark outside), else (an
+    outline, voted over a code slab's slices) on the code slab of :data:`CODE_SLABS` slices that
+    holds it, the last slab kept."""
 
     def __init__(self, scan, fit, margin: int):
         self.scan, self.fit, self.margin, self.shape = scan, fit, margin, tuple(scan.shape)
+        self.block = CODE_SLABS if fit.envelope.kind == "outline" else 1
         self._slab: Optional[tuple[int, np.ndarray]] = None
 
     def __getitem__(self, key: slice) -> np.ndarray:
         z = key.start
-        g0 = z // CODE_SLABS * CODE_SLABS
-        if self._slab is None or self._slab[0] != g0:
-            raw = np.asarray(self.scan[g0: min(self.shape[0], g0 + CODE_SLABS)], np.float32)
+        g0 = z // self.block * self.block
+        if self._slab is None or self._slab[0] != g0 or key.stop > g0 + len(self._slab[1]):
+            g1 = min(self.shape[0], max(key.stop, g0 + self.block))
+            raw = np.asarray(self.scan[g0:g1], np.float32)
             self._slab = (g0, self.fit.outside(raw, g0, self.margin)[0] > 0)
         g0, out = self._slab
         return out[z - g0: key.stop - g0]
@@ -102,7 +105,7 @@ class _FitOutside:
         """Whether the outside covers every slice (one pass over the scan, by code slabs; it stops
         at the first slab with a sample voxel)."""
         for g0 in range(0, self.shape[0], CODE_SLABS):
-            if not self[g0: min(self.shape[0], g0 + CODE_SLABS)].all():
+            if not self[g0: min(self.shape[0], g0 + CODE_SLABS)].all():  # (an outline: the code slab whole)
                 return False
         return True
 
