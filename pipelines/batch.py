@@ -150,8 +150,10 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict, client: Any 
             rec.update(status="failed", error=str(exc))
         except Exception as exc:  # an internal error: reported for this scan, the batch goes on
             rec.update(status="failed", error=f"internal error: {type(exc).__name__}: {exc}")
-            if client is not None and type(exc).__name__ == "KilledWorker":  # a slab's worker died: retried
-                rec["worker_lost"] = True
+            if client is not None:
+                from distributed import KilledWorker
+
+                rec["worker_lost"] = isinstance(exc, KilledWorker)  # a slab's worker died: run again
     if caught:
         rec["warnings"] = warning_records(caught)
     rec["seconds"] = round(time.perf_counter() - t0, 3)
@@ -324,7 +326,8 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
         futures = {}
         n_workers = len(client.scheduler_info().get("workers", {}))
         n_split = scans_to_split(len(todo), n_workers, not gpu)
-        n_split *= all(split_options(t, options) for t in todo[len(todo) - n_split:])
+        if not all(split_options(t, options) for t in todo[len(todo) - n_split:]):
+            n_split = 0
         whole, tail = todo[: len(todo) - n_split], todo[len(todo) - n_split:]
         lock, n_end = threading.Lock(), [0]
 

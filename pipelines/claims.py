@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 from ctpore.atomic import host_tag, parse_owner, temp_parts
+from ctpore.data.io.omezarr_split import unfinished_stores
 from ctpore.data.io.omezarr_write import OME_ZARR_SUFFIX, remove_tree
 from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.disk import DiskGuard
@@ -58,10 +59,10 @@ def remove_stale_temps(paths: dict, keep_split_work: bool = False) -> int:
     n = 0
     metrics = Path(paths["metrics"])
     if not keep_split_work and metrics.parent.is_dir():
-        stem = glob.escape(metrics.name[: -len("_metrics.json")])
-        for stale in [*metrics.parent.glob(f".{stem}.split"),
+        stem = metrics.name[: -len("_metrics.json")]
+        for stale in [*metrics.parent.glob(f".{glob.escape(stem)}.split"),
                       *(q for kind in ("pores", "prob", "sample")
-                        for q in metrics.parent.glob(f".{stem}_{kind}.split*{OME_ZARR_SUFFIX}"))]:
+                        for q in unfinished_stores(metrics.parent / f"{stem}_{kind}{OME_ZARR_SUFFIX}"))]:
             remove_tree(stale)
             n += 1
     for p in map(Path, paths.values()):

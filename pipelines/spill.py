@@ -93,10 +93,8 @@ class RawCopy:
         step = max(1, (64 << 20) // (4 * ny * nx))
         for z0 in range(0, nz, step):
             z1 = min(nz, z0 + step)
-            block = np.ascontiguousarray(scan[z0:z1], np.float32)
-            if transform is not None:
-                block = np.ascontiguousarray(transform(z0, z1, block), np.float32)
-            os.pwrite(fd, block.tobytes(), z0 * ny * nx * 4)
+            block = np.asarray(scan[z0:z1], np.float32)
+            self.write(z0, block if transform is None else transform(z0, z1, block))
             if progress is not None:
                 progress(z1, nz, stage)
 

@@ -188,9 +188,10 @@ def _prepare_work(plan: SplitPlan, root: Path) -> None:
 
 @contextlib.contextmanager
 def _removed_on_bad_input(work: Path, stores: dict):
-    """The work folder and the unfinished stores, removed when a slab finds the input bad (a rerun
-    could not take them up: the plan's scan changed or cannot be read); kept on any other failure
-    or interrupt, for the rerun that finishes them."""
+    """The work folder and the unfinished stores, removed when the run ends on bad input (an
+    :class:`InputError`: the scan cannot be read or changed under the run, which no rerun could take
+    up; or the disk filled, which this frees); kept on any other failure or interrupt, for the rerun
+    that finishes them."""
     try:
         yield
     except InputError:

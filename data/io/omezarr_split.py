@@ -31,7 +31,17 @@ from ctpore.data.io.omezarr_write import (OME_ZARR_SUFFIX, level_chunks, level_s
                                           open_level, remove_tree, replace_tree)
 from ctpore.errors import InputError
 
-__all__ = ["SplitStore"]
+__all__ = ["SplitStore", "unfinished_stores"]
+
+
+def unfinished_stores(path: str | Path) -> list[Path]:
+    """The unfinished stores of the output ``path`` that split runs left, of any plan (hidden names
+    ``.<stem>.split.ome.zarr`` and ``.<stem>.split-<tag>.ome.zarr``)."""
+    path = Path(path)
+    stem = path.name[: -len(OME_ZARR_SUFFIX)] if path.name.lower().endswith(OME_ZARR_SUFFIX) else path.name
+    head = f".{stem}.split"
+    return [p for p in path.parent.glob(f"{glob.escape(head)}*{OME_ZARR_SUFFIX}")
+            if p.name[len(head):-len(OME_ZARR_SUFFIX)][:1] in ("", "-")]
 
 
 class SplitStore:
@@ -84,8 +94,7 @@ class SplitStore:
 
     def others(self) -> list[Path]:
         """The unfinished stores of this output left by runs of other plans."""
-        return [p for p in self.path.parent.glob(f".{glob.escape(self.stem)}.split*{OME_ZARR_SUFFIX}")
-                if p != self.work and p.name[len(self.stem) + 7:-len(OME_ZARR_SUFFIX)][:1] in ("", "-")]
+        return [p for p in unfinished_stores(self.path) if p != self.work]
 
     def create(self) -> None:
         """Make the store (its levels and metadata, no data yet); an earlier run's store of the same
