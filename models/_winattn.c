@@ -11,7 +11,10 @@
  *
  * Layouts (elements, last axis contiguous):
  *   q, out  (N, Zq, H, 16), rows of H*16, column stride q_sn / o_sn;
- *   k, v    (N, Zk, Hkv, 16), column stride k_sn / v_sn, slice stride k_sz / v_sz, heads 16 apart.
+ *   k, v    the last Zk - Zc key positions (N, Zk - Zc, Hkv, 16), column stride k_sn / v_sn, slice
+ *           stride k_sz / v_sz, heads 16 apart;
+ *   kp, vp  the first Zc positions (a KV cache's, read in place: no copy joins them to k, v), laid
+ *           out as k, v with strides kp_sn, kp_sz / vp_sn, vp_sz (unused when Zc = 0).
  * Query i is key position p = Zk - Zq + i (bottom-right aligned, as after a KV cache) and attends
  * to positions max(0, p - W + 1) .. p. Scores and softmax are computed in fp32 whatever the
  * storage type; bf16 results are rounded to nearest even.
@@ -140,10 +143,11 @@ static inline float hsum8(v8 x) {
 
 /* Columns n0 .. n1-1, windows of at most 8 * LB slices. scratch: alloc_scratch. */
 #define DEFINE_RUN(NAME, T, LOAD16, STORE16, LB)                                                   \
-    CLONES static void NAME(const T *q, const T *k, const T *v, T *out, int64_t n0, int64_t n1,    \
-                            int64_t Zq, int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale, \
-                            int64_t q_sn, int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz,  \
-                            int64_t o_sn, float *scratch) {                                        \
+    CLONES static void NAME(const T *q, const T *k, const T *v, T *out, const T *kp, const T *vp,  \
+                            int64_t n0, int64_t n1, int64_t Zq, int64_t Zk, int64_t Zc, int64_t H, \
+                            int64_t Hkv, int64_t W, float scale, int64_t q_sn, int64_t k_sn,       \
+                            int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn, int64_t kp_sn, \
+                            int64_t kp_sz, int64_t vp_sn, int64_t vp_sz, float *scratch) {         \
         const int64_t L = 8 * LB;          /* key lanes of a query */                               \
         const int64_t P = Zk + L - 1;      /* key positions, with L - 1 empty ones in front */     \
         const int64_t rep = H / Hkv;                                                               \
@@ -152,12 +156,15 @@ static inline float hsum8(v8 x) {
         const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};                                                 \
         memset(scratch, 0, sizeof(float) * 2 * Hkv * D * P);                                       \
         for (int64_t n = n0; n < n1; n++) {                                                        \
-            for (int64_t z = 0; z < Zk; z++)                                                       \
+            for (int64_t z = 0; z < Zk; z++) {                                                     \
+                const T *kz0 = z < Zc ? kp + n * kp_sn + z * kp_sz : k + n * k_sn + (z - Zc) * k_sz; \
+                const T *vz0 = z < Zc ? vp + n * vp_sn + z * vp_sz : v + n * v_sn + (z - Zc) * v_sz; \
                 for (int64_t hk = 0; hk < Hkv; hk++) {                                             \
-                    v16 kz = LOAD16(k + n * k_sn + z * k_sz + hk * D);                             \
+                    v16 kz = LOAD16(kz0 + hk * D);                                                 \
                     for (int d = 0; d < D; d++) kt[(hk * D + d) * P + (L - 1) + z] = kz[d];        \
-                    vv[hk * P + (L - 1) + z] = LOAD16(v + n * v_sn + z * v_sz + hk * D);           \
+                    vv[hk * P + (L - 1) + z] = LOAD16(vz0 + hk * D);                               \
                 }                                                                                  \
+            }                                                                                      \
             for (int64_t i = 0; i < Zq; i++) {                                                     \
                 const int64_t p = Zk - Zq + i; /* this query's key position; lanes p-L+1 .. p */  \
                 int64_t first = (L - 1) - p; /* lanes before it: positions < 0 */                \
@@ -190,21 +197,26 @@ static float *alloc_scratch(int64_t Zk, int64_t Hkv, int64_t W) {
 }
 
 /* The arguments the kernel is written for: a window of 1..32 slices, 1 <= Zq <= Zk queries and keys,
+ * 0 <= Zc <= Zk of the keys in the cache's buffers (given when Zc > 0),
  * H a multiple of Hkv >= 1, columns 0 <= n0 <= n1. Anything else would read or write out of bounds
  * (the scratch is sized from W, a query reads Zk - Zq + i), so it is declined here, whatever the
  * caller checked. */
-static int bad_args(int64_t n0, int64_t n1, int64_t Zq, int64_t Zk, int64_t H, int64_t Hkv, int64_t W) {
-    return W < 1 || W > 32 || Zq < 1 || Zk < Zq || H < 1 || Hkv < 1 || H % Hkv != 0 || n0 < 0 || n1 < n0;
+static int bad_args(int64_t n0, int64_t n1, int64_t Zq, int64_t Zk, int64_t Zc, int64_t H, int64_t Hkv, int64_t W,
+                    const void *kp, const void *vp) {
+    return W < 1 || W > 32 || Zq < 1 || Zk < Zq || H < 1 || Hkv < 1 || H % Hkv != 0 || n0 < 0 || n1 < n0 ||
+           Zc < 0 || Zc > Zk || (Zc > 0 && (!kp || !vp));
 }
 
 /* One exported entry per storage type, head size 16. Returns 0; -1 when the scratch memory could
  * not be allocated; -2 for arguments it is not written for (bad_args), having touched nothing. */
-#define RUN_ARGS q, k, v, out, n0, n1, Zq, Zk, H, Hkv, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, scratch
+#define RUN_ARGS q, k, v, out, kp, vp, n0, n1, Zq, Zk, Zc, H, Hkv, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, \
+                 kp_sn, kp_sz, vp_sn, vp_sz, scratch
 #define DEFINE_EXPORT(NAME, T, RUN)                                                                \
-    EXPORT int NAME(const T *q, const T *k, const T *v, T *out, int64_t n0, int64_t n1, int64_t Zq,  \
-                    int64_t Zk, int64_t H, int64_t Hkv, int64_t W, float scale, int64_t q_sn,      \
-                    int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn) {        \
-        if (bad_args(n0, n1, Zq, Zk, H, Hkv, W)) return -2;                                        \
+    EXPORT int NAME(const T *q, const T *k, const T *v, T *out, const T *kp, const T *vp, int64_t n0, \
+                    int64_t n1, int64_t Zq, int64_t Zk, int64_t Zc, int64_t H, int64_t Hkv, int64_t W, \
+                    float scale, int64_t q_sn, int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, \
+                    int64_t o_sn, int64_t kp_sn, int64_t kp_sz, int64_t vp_sn, int64_t vp_sz) {   \
+        if (bad_args(n0, n1, Zq, Zk, Zc, H, Hkv, W, kp, vp)) return -2;                           \
         float *scratch = alloc_scratch(Zk, Hkv, W);                                                \
         if (!scratch) return -1;                                                                   \
         switch ((W + 7) / 8) {                                                                     \

@@ -292,10 +292,19 @@ class MultiHeadAttention(nn.Module):
             check_finite(q, self.name, "q")
             check_finite(k, self.name, "k")
             check_finite(v, self.name, "v")
-        if cache is not None:
-            k, v = cache.extend(k, v, cache_rows, n_rows)  # (B, Zk, Hkv, D)
         p = self.dropout if self.training else 0.0
-        out, weights, ran = attend(self.backend, q, k, v, p, self.causal, self.window, need_weights, self._row_masks)
+        if cache is not None and cache.window is not None:
+            # the cached positions are read where they lie (joined to k, v only where a kernel needs
+            # them joined), then the cache keeps what the next chunk needs of this one's
+            past = cache.past(cache_rows)
+            out, weights, ran = attend(self.backend, q, k, v, p, self.causal, self.window, need_weights,
+                                       self._row_masks, past)
+            cache.append(k, v, cache_rows, n_rows)
+        else:
+            if cache is not None:
+                k, v = cache.extend(k, v, cache_rows, n_rows)  # (B, Zk, Hkv, D)
+            out, weights, ran = attend(self.backend, q, k, v, p, self.causal, self.window, need_weights,
+                                       self._row_masks)
         self.ran[ran] += 1
         b, zq = out.shape[0], out.shape[1]
         out = out.reshape(b, zq, self.d_model)  # (B, Zq, C)

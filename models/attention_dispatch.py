@@ -104,6 +104,7 @@ def attend(
     window: int | None,
     need_weights: bool,
     row_masks: dict,
+    past: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     """Attention of ``q`` over ``k``, ``v`` by the kernel this call can take.
 
@@ -123,6 +124,9 @@ def attend(
         Also return the weights; the ``math`` kernel runs, whatever the backend.
     row_masks : dict
         The caller's cache of the multi-query SDPA mask (see :func:`sdpa_attention`).
+    past : tuple of torch.Tensor, optional
+        ``(k_past, v_past)`` ``(B, Zc, Hkv, D)``: key positions before ``k``'s (a KV cache's).
+        The window kernel reads them in place; every other kernel gets them joined to ``k``, ``v``.
 
     Returns
     -------
@@ -134,15 +138,18 @@ def attend(
         The kernel that ran: ``"math"``, ``"flash"``, ``"window"`` or ``"sdpa"`` (flash only takes
         fp16/bf16 CUDA tensors; other calls go through sdpa).
     """
+    kernel = not need_weights and backend != "math" and not (backend == "flash" and flash_ok(q))
+    out = window_kernel_attention(q, k, v, p, causal, window, past) if kernel else None
+    if out is not None:
+        return out, None, "window"
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
     if need_weights or backend == "math":
         out, weights = math_attention(q, k, v, p, causal, window)
         return out, weights, "math"
     if backend == "flash" and flash_ok(q):
         return flash_attention(q, k, v, p, causal, window), None, "flash"
-    out = window_kernel_attention(q, k, v, p, causal, window)
-    if out is None:
-        return sdpa_attention(q, k, v, p, causal, window, row_masks), None, "sdpa"
-    return out, None, "window"
+    return sdpa_attention(q, k, v, p, causal, window, row_masks), None, "sdpa"
 
 
 def math_attention(
@@ -167,14 +174,15 @@ def math_attention(
 
 
 def window_kernel_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, causal: bool, window: int | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, causal: bool, window: int | None,
+    past: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor | None:
     """ctpore's C kernel (:mod:`ctpore.models.window_kernel`) where it applies: CPU inference of a
-    causal look-back window of at most 32 slices, head size 16 (PoreFormer's attention blocks).
-    None elsewhere (SDPA runs)."""
+    causal look-back window of at most 32 slices, head size 16 (PoreFormer's attention blocks),
+    reading ``past`` (a KV cache's positions before ``k``'s) in place. None elsewhere (SDPA runs)."""
     if p or q.is_cuda or not causal or window is None:
         return None
-    return window_attention(q, k, v, window)
+    return window_attention(q, k, v, window, past)
 
 
 def sdpa_attention(

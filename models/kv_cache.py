@@ -117,6 +117,37 @@ class KVCache:
             self.commit(zq)
         return k_all, v_all
 
+    def past(self, rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The cached keys and values of the sequences ``rows`` (all without), ``(B, Zc, Hkv, D)``
+        views of the buffer, or None when nothing is cached. Valid until :meth:`append` or
+        :meth:`extend` writes this band: a kernel that reads them in place then calls :meth:`append`
+        with the chunk's own keys and values, and no copy joins the two."""
+        if self._k is None or not self._len:
+            return None
+        sel = slice(None) if rows is None else rows
+        return self._k[sel, : self._len], self._v[sel, : self._len]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, rows: slice | None = None, n_rows: int | None = None) -> None:
+        """:meth:`extend` without the joined keys and values it returns (for a caller that read
+        :meth:`past` in place): only the positions the cache keeps are copied."""
+        if self.window is None or self._k is None or (rows is None and self._k.shape[0] != k.shape[0]):
+            self.extend(k, v, rows, n_rows)
+            return
+        zq = k.shape[1]
+        sel = slice(None) if rows is None else rows
+        slots = self._slots(zq)
+        keep = min(self._len + zq, slots)
+        if keep:
+            new = min(zq, keep)  # from this chunk, the rest from the cache's last positions
+            old = keep - new
+            if old:
+                self._k[sel, :old] = self._k[sel, self._len - old : self._len].clone()
+                self._v[sel, :old] = self._v[sel, self._len - old : self._len].clone()
+            self._k[sel, old:keep] = k[:, zq - new :]
+            self._v[sel, old:keep] = v[:, zq - new :]
+        if rows is None:
+            self.commit(zq)
+
     def commit(self, zq: int) -> None:
         """Advance the cache by a chunk of ``zq`` positions (after its last band)."""
         new = self._len + zq

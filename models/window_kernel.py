@@ -28,7 +28,7 @@ import torch
 
 __all__ = ["HEAD_SIZE", "MAX_WINDOW", "available", "library_path", "window_attention"]
 
-_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 7 + [ctypes.c_float] + [ctypes.c_int64] * 6
+_ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float] + [ctypes.c_int64] * 10
 
 #: The shapes the kernel is written for (PoreFormer's attention blocks): head size 16, a look-back
 #: window of at most 32 slices; other shapes go to PyTorch's kernel.
@@ -70,6 +70,14 @@ def available() -> bool:
     return _library() is not None
 
 
+def _heads_packed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (N, Z, Hkv, D) as the kernel reads it (the last axis contiguous, heads ``D`` apart),
+    copied only when it is not."""
+    if t.stride(3) != 1 or (t.shape[2] > 1 and t.stride(2) != t.shape[3]):
+        return t.contiguous()
+    return t
+
+
 @functools.lru_cache(maxsize=4)
 def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=n, thread_name_prefix="ctpore-window")
@@ -79,7 +87,8 @@ if hasattr(os, "register_at_fork"):  # a forked child has the pool object but no
     os.register_at_fork(after_in_child=_pool.cache_clear)
 
 
-def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor | None:
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                     past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """Causal look-back-window attention (multi-, grouped- or multi-query), or None where the kernel cannot run it.
 
     Parameters
@@ -92,6 +101,9 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
         ``h // (H / Hkv)``), same dtype.
     window : int
         Query position ``p`` attends to ``p - window + 1 .. p``; at most :data:`MAX_WINDOW`.
+    past : tuple of torch.Tensor, optional
+        ``(k_past, v_past)``, ``(N, Zc, Hkv, D)``: key positions before ``k``'s, read where they
+        lie (a KV cache's buffer), as if ``torch.cat([k_past, k], 1)`` (and ``v``'s) were passed.
 
     Returns
     -------
@@ -112,21 +124,23 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     if q.dim() != 4 or k.dim() != 4 or k.dtype != q.dtype or v.dtype != q.dtype:
         return None
     n, zq, h, d = q.shape
-    zk, hkv = k.shape[1], k.shape[2]
-    if tuple(k.shape) != (n, zk, hkv, d) or tuple(v.shape) != (n, zk, hkv, d) or hkv < 1 or h % hkv:
+    zn, hkv = k.shape[1], k.shape[2]
+    if tuple(k.shape) != (n, zn, hkv, d) or tuple(v.shape) != (n, zn, hkv, d) or hkv < 1 or h % hkv:
         return None
+    kp, vp = past if past is not None and past[0].shape[1] else (k, v)
+    zc = kp.shape[1] if kp is not k else 0
+    if zc and any(t.shape != (n, zc, hkv, d) or t.dtype != q.dtype or t.device.type != "cpu" for t in (kp, vp)):
+        return None
+    zk = zc + zn
     if zq < 1 or zk < zq or d != HEAD_SIZE or not 1 <= window <= MAX_WINDOW:
         return None
     q = q.contiguous()
-    if k.stride(3) != 1 or (hkv > 1 and k.stride(2) != d):  # the kernel reads heads d apart
-        k = k.contiguous()
-    if v.stride(3) != 1 or (hkv > 1 and v.stride(2) != d):
-        v = v.contiguous()
+    k, v, kp, vp = (_heads_packed(t) for t in (k, v, kp, vp))
     out = torch.empty_like(q)
     fn = lib.ctpore_winattn_bf16 if q.dtype == torch.bfloat16 else lib.ctpore_winattn_f32
-    args = (zq, zk, h, hkv, int(window), 1.0 / math.sqrt(d), q.stride(0), k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), out.stride(0))
-    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    args = (zq, zk, zc, h, hkv, int(window), 1.0 / math.sqrt(d), q.stride(0), k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), out.stride(0), kp.stride(0), kp.stride(1), vp.stride(0), vp.stride(1))
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), kp.data_ptr(), vp.data_ptr())
     threads = max(1, min(torch.get_num_threads(), n // _MIN_COLUMNS_PER_THREAD))
     bounds = [n * i // threads for i in range(threads + 1)]
     if threads == 1:

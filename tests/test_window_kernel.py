@@ -92,6 +92,20 @@ def test_kernel_reads_strided_keys_and_declines_what_it_is_not_for():
         assert window_kernel.window_attention(q.requires_grad_(), k, v, 4) is None  # training: SDPA
 
 
+@needs_kernel
+@pytest.mark.parametrize("zc, zq, hkv, window", [(7, 8, 1, 8), (23, 8, 4, 24), (3, 5, 1, 8), (20, 4, 2, 32)])
+def test_kernel_reads_a_caches_positions_in_place_as_if_joined(zc, zq, hkv, window):
+    g = torch.Generator().manual_seed(zc + zq)
+    q = 3 * torch.randn(257, zq, 4, 16, generator=g)
+    buf = torch.randn(2, 257, 31, hkv, 16, generator=g)  # a cache's buffer: its first zc slots in use
+    kp, vp = buf[0, :, :zc], buf[1, :, :zc]
+    k, v = torch.randn(2, 257, zq, hkv, 16, generator=g)
+    out = window_kernel.window_attention(q, k, v, window, past=(kp, vp))
+    exact = reference(q, torch.cat([kp, k], 1), torch.cat([vp, v], 1), window)
+    torch.testing.assert_close(out.double(), exact, atol=2e-6, rtol=2e-6)
+    assert window_kernel.window_attention(q, k, v, window, past=(kp[:-1], vp[:-1])) is None  # other columns
+
+
 def test_kernel_turned_off_by_the_environment(no_window_kernel):
     assert not window_kernel.available()
     k, v = torch.randn(2, 4, 4, 1, 16)

@@ -23,11 +23,19 @@ static int failed = 0;
         }                                      \
     } while (0)
 
-/* One column (N = 1), contiguous (Zq, H, 16) queries and (Zk, Hkv, 16) keys and values. */
+/* One column (N = 1), contiguous (Zq, H, 16) queries and (Zk, Hkv, 16) keys and values; the first Zc key
+ * positions read through the cache's pointers (the same buffers: the kernel reads them in place). */
+static int run_split(float *q, float *k, float *v, float *out, int64_t n0, int64_t n1, int64_t Zq, int64_t Zk,
+                     int64_t Zc, int64_t H, int64_t Hkv, int64_t W, int null_past) {
+    const int64_t off = (Zc > 0 && Zc <= Zk ? Zc : 0) * Hkv * D;
+    return ctpore_winattn_f32(q, k + off, v + off, out, null_past ? NULL : k, null_past ? NULL : v, n0, n1, Zq, Zk,
+                              Zc, H, Hkv, W, 0.25f, Zq * H * D, Zk * Hkv * D, Hkv * D, Zk * Hkv * D, Hkv * D,
+                              Zq * H * D, Zk * Hkv * D, Hkv * D, Zk * Hkv * D, Hkv * D);
+}
+
 static int run(float *q, float *k, float *v, float *out, int64_t n0, int64_t n1, int64_t Zq, int64_t Zk, int64_t H,
                int64_t Hkv, int64_t W) {
-    return ctpore_winattn_f32(q, k, v, out, n0, n1, Zq, Zk, H, Hkv, W, 0.25f, Zq * H * D, Zk * Hkv * D, Hkv * D,
-                              Zk * Hkv * D, Hkv * D, Zq * H * D);
+    return run_split(q, k, v, out, n0, n1, Zq, Zk, 0, H, Hkv, W, 1);
 }
 
 static void reference(const float *q, const float *k, const float *v, float *out, int64_t Zq, int64_t Zk, int64_t H,
@@ -70,6 +78,9 @@ int main(void) {
     CHECK(run(q, k, v, out, 0, 1, ZQ, ZK, H, 0, 8) == -2, "Hkv 0 not declined");
     CHECK(run(q, k, v, out, 0, 1, ZQ, ZK, 3, HKV, 8) == -2, "H not a multiple of Hkv not declined");
     CHECK(run(q, k, v, out, 1, 0, ZQ, ZK, H, HKV, 8) == -2, "n1 < n0 not declined");
+    CHECK(run_split(q, k, v, out, 0, 1, ZQ, ZK, ZK + 1, H, HKV, 8, 0) == -2, "more cached keys than keys not declined");
+    CHECK(run_split(q, k, v, out, 0, 1, ZQ, ZK, -1, H, HKV, 8, 0) == -2, "a negative cache not declined");
+    CHECK(run_split(q, k, v, out, 0, 1, ZQ, ZK, 4, H, HKV, 8, 1) == -2, "a cache without its buffers not declined");
 
     /* valid: every window size class against the reference */
     int windows[] = {1, 3, 8, 9, 16, 24, 32};
@@ -79,6 +90,13 @@ int main(void) {
         double err = 0;
         for (int i = 0; i < ZQ * H * D; i++) err = fmax(err, fabs(out[i] - ref[i]));
         CHECK(err < 1e-5, "window %d: max error %g against the reference", windows[w], err);
+        for (int64_t zc = 1; zc <= ZK - ZQ; zc += ZK - ZQ - 1) { /* the first keys read from a cache */
+            CHECK(run_split(q, k, v, out, 0, 1, ZQ, ZK, zc, H, HKV, windows[w], 0) == 0, "window %d, cache failed",
+                  windows[w]);
+            err = 0;
+            for (int i = 0; i < ZQ * H * D; i++) err = fmax(err, fabs(out[i] - ref[i]));
+            CHECK(err < 1e-5, "window %d, %d cached keys: max error %g", windows[w], (int)zc, err);
+        }
     }
 
     /* not a number in, no undefined behaviour (the sanitizer would stop the run) */
