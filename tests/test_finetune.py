@@ -153,6 +153,33 @@ def test_the_refit_finds_the_labellers_threshold():
     assert tried["threshold_dice"][0.8] == pytest.approx(1.0)
 
 
+def test_a_causal_networks_crops_end_at_the_drawn_slice_and_others_hold_it_anywhere():
+    """PoreFormer's slice sees only the slices before it, so its crops end at the labelled voxel's
+    slice (with the crop's full depth where the scan has it); a U-Net's crops hold the voxel anywhere."""
+    from ctpore.models import PoreFormer, PoreFormerConfig
+    from ctpore.models.unet import UNet3D
+    from ctpore.pipelines.finetune.tune import CROP, _batch, _causal
+
+    assert _causal(PoreFormer(PoreFormerConfig(level_channels=(8, 8), level_attention=(0, 1))))
+    assert not _causal(UNet3D())
+    vol = np.zeros((40, 70, 70), np.float32)
+    lab = np.zeros(vol.shape, np.uint8)
+    lab[30, 5:60, 5:60] = PORE
+    lab[3, 5:60, 5:60] = SOLID  # nearer the top than a crop is deep
+    points = [np.argwhere(lab != 0)]
+    ends, starts = set(), set()
+    for step in range(60):
+        rng = np.random.default_rng([0, step])
+        x, y, z0 = _batch(rng, [vol], [lab], points, CROP, causal=True)
+        drawn = np.flatnonzero((y != 0).any(axis=(1, 2)))
+        assert drawn.size == 1 and x.shape[0] == CROP[0]
+        assert drawn[0] == x.shape[0] - 1 or (z0 == 0 and z0 + drawn[0] == 3)
+        ends.add(int(z0 + drawn[0]))
+        x, y, z0 = _batch(np.random.default_rng([0, step]), [vol], [lab], points, CROP, causal=False)
+        starts.add(int(np.flatnonzero((y != 0).any(axis=(1, 2)))[0]))
+    assert ends == {3, 30} and len(starts) > 3  # both drawn slices, and the U-Net's anywhere in its crop
+
+
 # -- a short tuning ----------------------------------------------------------------------------------
 
 
