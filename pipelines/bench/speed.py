@@ -78,6 +78,16 @@ print(json.dumps([time.perf_counter() - t, usage.ru_maxrss * 1024, os.waitstatus
 """
 
 
+def _machine() -> str:
+    """The CPU by name, whether it has native bf16 (the default precision follows it), its cores."""
+    from ctpore.pipelines.bench.analysis import cpu_name
+    from ctpore.pipelines.precision import cpu_native_bf16
+
+    name = cpu_name()
+    bf16 = "native bf16" if cpu_native_bf16() else "no native bf16"
+    return f"{platform.machine()}, {name.replace(', ', f' ({bf16}), ', 1) if ', ' in name else name + f' ({bf16})'}"
+
+
 def _run(cmd: list[str]) -> tuple[float, int]:
     """Wall seconds and peak resident memory (bytes) of one process running ``cmd``."""
     env = dict(os.environ, CTPORE_NO_PROGRESS="1")
@@ -220,7 +230,7 @@ def bench_speed(
     peaks = {d: matmul_peak(d) for d in ("float32", "bfloat16")}
     res = {
         "shape": list(shape), "voxels": nvox, "repeats": repeats,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": _machine(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "methods": rows,
         "memory_default": memory,
