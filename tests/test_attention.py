@@ -166,6 +166,32 @@ def test_kv_cache_keeps_window_minus_one(window, expect):
     assert len(cache) == expect
 
 
+@pytest.mark.parametrize("window, chunks", [(8, (8, 8, 3, 8)), (24, (8, 8, 8, 8, 5)), (4, (1, 2, 9)), (1, (3, 3))])
+def test_a_cache_read_in_place_then_appended_holds_what_extend_would(window, chunks):
+    """past() gives the positions extend() would join before the chunk's, band by band, and append()
+    leaves the cache as extend() does: the last window - 1 positions, whatever the chunk sizes."""
+    gen = torch.Generator().manual_seed(window)
+    seen_k, seen_v = [], []
+    a, b = KVCache(window), KVCache(window)
+    for zq in chunks:
+        k, v = torch.randn(2, 6, zq, 2, 16, generator=gen)
+        for rows in (slice(0, 4), slice(4, 6)):  # in bands of the sequences, as a tile streams
+            past = a.past(rows)
+            k_all, v_all = b.extend(k[rows], v[rows], rows, 6)
+            joined = (k[rows], v[rows]) if past is None else (torch.cat([past[0], k[rows]], 1),
+                                                              torch.cat([past[1], v[rows]], 1))
+            assert torch.equal(joined[0], k_all) and torch.equal(joined[1], v_all)
+            a.append(k[rows], v[rows], rows, 6)
+        a.commit(zq)
+        b.commit(zq)
+        seen_k.append(k)
+        seen_v.append(v)
+        keep = min(window - 1, sum(c.shape[1] for c in seen_k))
+        assert len(a) == len(b) == keep
+        assert torch.equal(a.k, torch.cat(seen_k, 1)[:, -keep:] if keep else a.k)
+        assert torch.equal(a.v, torch.cat(seen_v, 1)[:, -keep:] if keep else a.v)
+
+
 def low_precision_errors(backend: str, dtype: torch.dtype, device: str, identity: bool = False,
                          **kw):
     """Max error of `backend` and of plain PyTorch (math) in `dtype` against an fp32 reference.
