@@ -1,18 +1,19 @@
 """Where a tuned network's error lies on a scan labelled a voxel outside ours (a 3D dilation).
 
-``python scripts/adapt_error_by_z.py`` after ``scripts/adapt_dev_variants.py CE`` (it reads that run's
-weights for dev scan 1, bicontinuous, labelled outside: ``runs/adapt_dev2/w_1_C.safetensors`` for
-PoreFormer and ``w_1_E.safetensors`` for the 3D U-Net). On the scored slices, it prints each network's MSE
-against the labels, and the share of its squared error on two kinds of voxel. The first are pore in the
-labels only because the slice after holds a pore at that pixel; the second only because the slice before
-does. Neither kind is pore by the in-plane dilation. It also prints the mean probability each network gives
-those voxels. A causal model sees the slice before and not the one after, so an error on both kinds alike
-is not its causality's.
+``python scripts/adapt_error_by_z.py [PF UNET]`` after ``scripts/adapt_dev_variants.py CE`` (it reads
+that run's weights for dev scan 1, bicontinuous, labelled outside: ``runs/adapt_dev2/w_1_PF.safetensors``
+for PoreFormer and ``w_1_UNET.safetensors`` for the 3D U-Net; PF and UNET default to C and E).
+On the scored slices, it prints each network's MSE against the labels, and the share of its squared
+error on two kinds of voxel: pore in the labels only because the slice after holds a pore at that pixel,
+or only because the slice before does (neither pore by the in-plane dilation); and the mean probability
+each network gives those voxels. A causal model sees the slice before and not the one after, so an
+error on both kinds alike is not its causality's.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 
 import numpy as np
@@ -43,7 +44,8 @@ def main() -> None:
     kinds = {"only_after": label & ~inplane & after & ~before & scored,
              "only_before": label & ~inplane & before & ~after & scored}
     out: dict = {f"voxels_{k}": int(m.sum()) for k, m in kinds.items()}
-    for method, variant in (("poreformer", "C"), ("unet3d", "E")):
+    pf, unet = sys.argv[1:3] if len(sys.argv) > 2 else ("C", "E")
+    for method, variant in (("poreformer", pf), ("unet3d", unet)):
         w = f"runs/adapt_dev2/w_1_{variant}.safetensors"
         p = reconstruct(scan, method=method, weights=w, spacing_mm=(0.005,) * 3).probability
         err = (p.astype(np.float64) - label) ** 2
