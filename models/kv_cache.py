@@ -43,6 +43,8 @@ class KVCache:
         self.capacity = capacity
         self._k: torch.Tensor | None = None  # (B, slots, Hkv, D): W - 1 slots, or the capacity
         self._v: torch.Tensor | None = None
+        self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # append's buffers, swapped in at commit
+        self._swap = False
         self._len = 0
         self.next_z: int | None = None
 
@@ -119,9 +121,9 @@ class KVCache:
 
     def past(self, rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The cached keys and values of the sequences ``rows`` (all without), ``(B, Zc, Hkv, D)``
-        views of the buffer, or None when nothing is cached. Valid until :meth:`append` or
-        :meth:`extend` writes this band: a kernel that reads them in place then calls :meth:`append`
-        with the chunk's own keys and values, and no copy joins the two."""
+        views of the buffer, or None when nothing is cached. A kernel reads them in place, then
+        :meth:`append` takes the chunk's own keys and values, and no copy joins the two; they stay
+        valid until the chunk is committed (:meth:`append` writes a second buffer)."""
         if self._k is None or not self._len:
             return None
         sel = slice(None) if rows is None else rows
@@ -129,27 +131,31 @@ class KVCache:
 
     def append(self, k: torch.Tensor, v: torch.Tensor, rows: slice | None = None, n_rows: int | None = None) -> None:
         """:meth:`extend` without the joined keys and values it returns (for a caller that read
-        :meth:`past` in place): only the positions the cache keeps are copied."""
-        if self.window is None or self._k is None or (rows is None and self._k.shape[0] != k.shape[0]):
-            self.extend(k, v, rows, n_rows)
+        :meth:`past` in place): only the positions the cache keeps are copied, into a second buffer
+        that :meth:`commit` swaps in (the positions shift forward with no overlapping copy, and
+        :meth:`past` of a later band still reads the chunk's cache)."""
+        if self.window is None or not self._len or (rows is None and self._k.shape[0] != k.shape[0]):
+            self.extend(k, v, rows, n_rows)  # nothing cached yet (every band of the chunk), or a mismatch it names
             return
         zq = k.shape[1]
         sel = slice(None) if rows is None else rows
-        slots = self._slots(zq)
-        keep = min(self._len + zq, slots)
-        if keep:
-            new = min(zq, keep)  # from this chunk, the rest from the cache's last positions
-            old = keep - new
-            if old:
-                self._k[sel, :old] = self._k[sel, self._len - old : self._len].clone()
-                self._v[sel, :old] = self._v[sel, self._len - old : self._len].clone()
-            self._k[sel, old:keep] = k[:, zq - new :]
-            self._v[sel, old:keep] = v[:, zq - new :]
+        keep = min(self._len + zq, self._slots(zq))
+        if self._spare is None or self._spare[0].shape != self._k.shape:
+            self._spare = (torch.empty_like(self._k), torch.empty_like(self._v))
+        new = min(zq, keep)  # from this chunk, the rest from the cache's last positions
+        old = keep - new
+        for buf, cached, fresh in zip(self._spare, (self._k, self._v), (k, v)):
+            buf[sel, :old] = cached[sel, self._len - old : self._len]
+            buf[sel, old:keep] = fresh[:, zq - new :]
+        self._swap = True
         if rows is None:
             self.commit(zq)
 
     def commit(self, zq: int) -> None:
         """Advance the cache by a chunk of ``zq`` positions (after its last band)."""
+        if self._swap:  # what append wrote becomes the cache
+            (self._k, self._v), self._spare = self._spare, (self._k, self._v)
+            self._swap = False
         new = self._len + zq
         self._len = new if self.window is None else min(new, max(self.window - 1, 0))
 

@@ -127,8 +127,8 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     zn, hkv = k.shape[1], k.shape[2]
     if tuple(k.shape) != (n, zn, hkv, d) or tuple(v.shape) != (n, zn, hkv, d) or hkv < 1 or h % hkv:
         return None
-    kp, vp = past if past is not None and past[0].shape[1] else (k, v)
-    zc = kp.shape[1] if kp is not k else 0
+    zc = 0 if past is None else past[0].shape[1]
+    kp, vp = past if zc else (k, v)  # with no cached position, the kernel never reads kp, vp
     if zc and any(t.shape != (n, zc, hkv, d) or t.dtype != q.dtype or t.device.type != "cpu" for t in (kp, vp)):
         return None
     zk = zc + zn
