@@ -83,9 +83,7 @@ def _machine() -> str:
     from ctpore.pipelines.bench.analysis import cpu_name
     from ctpore.pipelines.precision import cpu_native_bf16
 
-    name = cpu_name()
-    bf16 = "native bf16" if cpu_native_bf16() else "no native bf16"
-    return f"{platform.machine()}, {name.replace(', ', f' ({bf16}), ', 1) if ', ' in name else name + f' ({bf16})'}"
+    return f"{platform.machine()}, {cpu_name()}, {'native' if cpu_native_bf16() else 'no native'} bf16"
 
 
 def _run(cmd: list[str]) -> tuple[float, int]:
