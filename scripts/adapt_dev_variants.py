@@ -2,7 +2,7 @@
 
 ``python scripts/adapt_dev_variants.py ABCDE > runs/adapt_dev2/variants.log`` (about 30 minutes on
 2 cores): four scans made as the bench makes them (the other scanner, the labeller a voxel inside
-or outside, the bench's family rule) from seeds ``ADAPT_SEED_BASE + 50 + i`` (i = 0..3), which the
+or outside, the bench's family rule) from seeds ``ADAPT_DEV_SEED_BASE + i`` (i = 0..3), which the
 bench never uses; each variant fine-tuned on 3 labelled slices for 300 steps, then scored on the
 slices away from them, one JSON line per scan and variant.
 
@@ -28,10 +28,9 @@ import nibabel as nib
 import numpy as np
 
 import ctpore.pipelines.finetune.tune as tune
-from ctpore.data.synthetic import make_pair
 from ctpore.data.synthetic.structures import FAMILIES
-from ctpore.pipelines.bench.adapt import (ADAPT_SEED_BASE, PORE, SOLID, labelled_slices, labeller, other_scanner,
-                                          score, scored_blocks)
+from ctpore.pipelines.bench.adapt import (ADAPT_DEV_SEED_BASE, PORE, SOLID, adapt_case, labelled_slices, score,
+                                          scored_blocks)
 from ctpore.pipelines.finetune import finetune
 from ctpore.pipelines.reconstruct import reconstruct
 
@@ -47,11 +46,8 @@ def main() -> None:
     as_shipped = tune.tune_network
     aff = np.diag([0.005] * 3 + [1.0])
     for i in range(4):
-        seed = ADAPT_SEED_BASE + 50 + i
-        family = FAMILIES[i % len(FAMILIES)]
-        _scan, truth0, _ = make_pair(seed, shape=shape, family=family)
-        scan = other_scanner(truth0, np.random.default_rng([seed, 7]))
-        truth = labeller(truth0, outside=bool(i % 2))
+        seed, family = ADAPT_DEV_SEED_BASE + i, FAMILIES[i % len(FAMILIES)]
+        scan, _truth0, truth = adapt_case(i, shape, ADAPT_DEV_SEED_BASE)
         sp = work / f"scan_{i}.nii.gz"
         nib.save(nib.Nifti1Image(np.ascontiguousarray(scan.T), aff), sp)
         labelled = labelled_slices(shape[0], 3)

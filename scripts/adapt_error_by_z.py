@@ -19,20 +19,16 @@ import warnings
 import numpy as np
 from scipy import ndimage as ndi
 
-from ctpore.data.synthetic import make_pair
-from ctpore.data.synthetic.structures import FAMILIES
-from ctpore.pipelines.bench.adapt import ADAPT_SEED_BASE, labelled_slices, labeller, other_scanner, scored_blocks
+from ctpore.pipelines.bench.adapt import ADAPT_DEV_SEED_BASE, adapt_case, labelled_slices, scored_blocks
 from ctpore.pipelines.reconstruct import reconstruct
 
 
 def main() -> None:
     warnings.simplefilter("ignore")
-    i, shape = 1, (128, 256, 256)
-    seed = ADAPT_SEED_BASE + 50 + i
-    _s, truth0, _ = make_pair(seed, shape=shape, family=FAMILIES[i % len(FAMILIES)])
-    scan = other_scanner(truth0, np.random.default_rng([seed, 7]))
+    shape = (128, 256, 256)
+    scan, truth0, label = adapt_case(1, shape, ADAPT_DEV_SEED_BASE)  # bicontinuous, labelled outside
     t = truth0.astype(bool)
-    label = labeller(truth0, outside=True).astype(bool)
+    label = label.astype(bool)
     cross = np.zeros((3, 3, 3), bool)
     cross[1] = ndi.generate_binary_structure(2, 1)
     inplane = ndi.binary_dilation(t, structure=cross)

@@ -16,9 +16,7 @@ import warnings
 import numpy as np
 import torch
 
-from ctpore.data.synthetic import make_pair
-from ctpore.data.synthetic.structures import FAMILIES
-from ctpore.pipelines.bench.adapt import ADAPT_SEED_BASE, labelled_slices, labeller, other_scanner, scored_blocks
+from ctpore.pipelines.bench.adapt import ADAPT_DEV_SEED_BASE, adapt_case, labelled_slices, scored_blocks
 from ctpore.pipelines.reconstruct import reconstruct
 
 
@@ -48,11 +46,9 @@ def fit_refit(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     warnings.simplefilter("ignore")
-    i, shape = 1, (128, 256, 256)
-    seed = ADAPT_SEED_BASE + 50 + i
-    _s, truth0, _ = make_pair(seed, shape=shape, family=FAMILIES[i % len(FAMILIES)])
-    scan = other_scanner(truth0, np.random.default_rng([seed, 7]))
-    label = labeller(truth0, outside=True).astype(np.float64)
+    shape = (128, 256, 256)
+    scan, _truth0, label = adapt_case(1, shape, ADAPT_DEV_SEED_BASE)  # bicontinuous, labelled outside
+    label = label.astype(np.float64)
     labelled = labelled_slices(shape[0], 3)
     scored = np.zeros(shape, bool)
     for a, b in scored_blocks(shape[0], labelled):

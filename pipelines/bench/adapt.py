@@ -29,12 +29,16 @@ from ctpore.data.sparse_labels import PORE, SOLID
 from ctpore.data.splits import FURTHER_SEED_BASE
 from ctpore.progress import ProgressFn
 
-__all__ = ["ADAPT_SEED_BASE", "GAP", "other_scanner", "labeller", "scored_blocks", "bench_adapt", "write_adapt_report",
-           "adapt_picture"]
+__all__ = ["ADAPT_DEV_SEED_BASE", "ADAPT_SEED_BASE", "GAP", "adapt_case", "other_scanner", "labeller", "scored_blocks",
+           "bench_adapt", "write_adapt_report", "adapt_picture"]
 
 #: The held-out seeds of the scans' pore structures (the further held-out block, apart from the
 #: sample benchmark's 2600000).
 ADAPT_SEED_BASE = FURTHER_SEED_BASE + 700_000
+
+#: Scans of the bench's kind that it never scores (its scan i is ADAPT_SEED_BASE + i, i < 50): where a
+#: setting of the fine-tuning is chosen (scripts/adapt_dev_variants.py), so the bench stays a test.
+ADAPT_DEV_SEED_BASE = ADAPT_SEED_BASE + 50
 
 #: Slices scored lie at least this far from any labelled slice.
 GAP = 4
@@ -54,6 +58,19 @@ def other_scanner(truth: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     lam = np.clip(0.15 + img, 0.01, None) * counts
     noisy = rng.poisson(lam).astype(np.float32) / counts
     return np.clip(noisy * 20000.0 + 5000.0, 0, 65535).astype(np.uint16)
+
+
+def adapt_case(i: int, shape=(128, 256, 256), seed_base: int = ADAPT_SEED_BASE):
+    """Scan ``i`` of the bench (from ``seed_base``; other bases give scans apart from it): its pore
+    family by turn, ``(scan, truth, labelled)`` with the scan by :func:`other_scanner`, the truth
+    as ctpore draws it (1 pore) and the labeller's, a voxel inside (even ``i``) or outside (odd)."""
+    from ctpore.data.synthetic import make_pair
+    from ctpore.data.synthetic.structures import FAMILIES
+
+    seed = seed_base + i
+    _scan, truth, _ = make_pair(seed, shape=tuple(shape), family=FAMILIES[i % len(FAMILIES)])
+    scan = other_scanner(truth, np.random.default_rng([seed, 7]))
+    return scan, truth, labeller(truth, outside=bool(i % 2))
 
 
 def labeller(truth: np.ndarray, outside: bool) -> np.ndarray:
@@ -102,7 +119,6 @@ def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 300, minut
     """Every scan, method and rung (module docstring); returns ``{"cases", "means", ...}``."""
     import nibabel as nib
 
-    from ctpore.data.synthetic import make_pair
     from ctpore.data.synthetic.structures import FAMILIES
     from ctpore.pipelines.finetune import finetune
     from ctpore.pipelines.reconstruct import reconstruct
@@ -113,10 +129,7 @@ def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 300, minut
     for i in range(n_scans):
         seed = ADAPT_SEED_BASE + i
         family = FAMILIES[i % len(FAMILIES)]
-        _scan, truth0, _ = make_pair(seed, shape=tuple(shape), family=family)
-        rng = np.random.default_rng([seed, 7])
-        scan = other_scanner(truth0, rng)
-        truth = labeller(truth0, outside=bool(i % 2))
+        scan, _truth0, truth = adapt_case(i, shape)
         affine = np.diag([0.005, 0.005, 0.005, 1.0])
         scan_path = workdir / f"scan_{i}.nii.gz"
         nib.save(nib.Nifti1Image(np.ascontiguousarray(scan.T), affine), scan_path)
