@@ -1,12 +1,14 @@
 #!/bin/sh
-# The one prepared run for a lent CUDA GPU machine: no network, at most about 8 minutes by
+# The one prepared run for a lent CUDA GPU machine: no network, at most about 10 minutes by
 # construction (each part has its own timeout), everything written under $OUT.
 #
 #   1. a versions probe: torch, CUDA, the GPUs, flash-attn importable?, the packages ctpore needs
 #      (45 s at most; wheels from $CTPORE_WHEELS, if given, 60 s at most)        -> $OUT/probe.json
-#   2. the real-kernel tests: the CUDA, flash and GPU tests of tests/ (150 s at most) -> $OUT/tests.log
-#   3. ctpore bench gpu with its short defaults (270 s for its steps, each in its own process with
+#   2. the real-kernel tests: the CUDA, flash and GPU tests of tests/ (120 s at most) -> $OUT/tests.log
+#   3. ctpore bench gpu with its short defaults (225 s for its steps, each in its own process with
 #      its own timeout; the JSON is rewritten after every step)      -> $OUT/gpu.json, $OUT/bench.log
+#   4. the split run on the GPU: a scan split across two local Dask workers that share the GPU
+#      equals the single run, voxel for voxel (120 s at most; needs dask and zarr) -> $OUT/split.log
 #
 # Run from a checkout (ctpore need not be installed: the checkout is put first on PYTHONPATH under
 # the name ctpore):
@@ -69,13 +71,18 @@ EOF
 cat "$OUT/probe.json"
 
 echo "== 2. real-kernel tests (CUDA, flash, GPU)"
-timeout 150 "$PY" -m pytest tests/test_attention.py tests/test_poreformer.py tests/test_gpu_path.py \
-    -k "cuda or flash or gpu" -q -p no:cacheprovider -rs > "$OUT/tests.log" 2>&1 || status=1
+timeout 120 "$PY" -m pytest tests/test_attention.py tests/test_poreformer.py tests/test_gpu_path.py \
+    -k "(cuda or flash or gpu) and not split" -q -p no:cacheprovider -rs > "$OUT/tests.log" 2>&1 || status=1
 tail -n 25 "$OUT/tests.log"
 
 echo "== 3. ctpore bench gpu"
-timeout 285 "$PY" -m ctpore.app.cli bench gpu --device "$DEVICE" --time-limit 270 --workdir "$SCRATCH/work" \
+timeout 240 "$PY" -m ctpore.app.cli bench gpu --device "$DEVICE" --time-limit 225 --workdir "$SCRATCH/work" \
     -o "$OUT/gpu.json" > "$OUT/bench.log" 2>&1 || status=1
 cat "$OUT/bench.log"
+
+echo "== 4. the split run on the GPU"
+timeout 120 "$PY" -m pytest tests/test_gpu_path.py -k "cuda and split" -q -p no:cacheprovider -rs \
+    > "$OUT/split.log" 2>&1 || status=1
+tail -n 25 "$OUT/split.log"
 echo "== done (status $status): $OUT"
 exit $status
