@@ -151,7 +151,7 @@ def _kernel_case(dev: torch.device, d_model: int, n_heads: int, n_kv_heads: int 
             try:
                 m = _identity_attention(backend, d_model, n_heads, n_kv_heads, window).to(dev, torch.bfloat16)
             except InputError as exc:
-                res[backend] = {"available": False, "why": str(exc)}
+                res[backend] = {"available": False, "why": _said(exc)}
                 continue
             outs[backend] = run(m, torch.bfloat16)
             err = float((outs[backend] - truth).abs().max())
@@ -201,6 +201,12 @@ def _force(kernel):
 def _line(exc: BaseException | Warning | str, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _said(exc: InputError) -> str:
+    """An input error's line with its file named, not its folder: the JSON goes into ``docs/``, which
+    never names a path of the machine that wrote it."""
+    return f"{exc.path.name}: {exc.message}" if exc.path is not None else exc.message
 
 
 @contextmanager
@@ -295,7 +301,7 @@ def model_agreement(args: dict) -> dict:
             try:
                 model = load_model(path, device=dev, attention_backend=backend)
             except InputError as exc:
-                res[backend] = {"available": False, "why": str(exc)}
+                res[backend] = {"available": False, "why": _said(exc)}
                 continue
             model.reset_backends_ran()
             outs[backend] = predict(model, vol, chunk, tile, dev, precision="bf16")

@@ -96,7 +96,7 @@ def step_command(step: str, args: dict) -> list[str]:
     if step == "scan":
         code = ("import sys, json; from pathlib import Path; from ctpore.pipelines.bench.gpu import make_test_scan; "
                 "a = json.loads(sys.argv[1]); make_test_scan(Path(a['path']), tuple(a['shape'])); "
-                "print(json.dumps({'path': a['path'], 'shape': a['shape']}))")
+                "print(json.dumps({'file': Path(a['path']).name, 'shape': a['shape']}))")  # docs/ names no path
         return [py, "-c", code, json.dumps(args)]
     if step == "reconstruct":
         cmd = [py, "-m", "ctpore.app.cli", "reconstruct", args["scan"], "-o", args["outdir"],
