@@ -21,6 +21,19 @@ def bench() -> None:
     """Benchmarks: speed of the engine, quality against other methods."""
 
 
+def _measured(source: Path, name: str) -> dict:
+    """The JSON a measuring ``ctpore bench NAME`` wrote, for ``--rewrite``; refused in one line if missing."""
+    import json
+
+    if not source.is_file():
+        raise InputError(f"{source}: no such file; --rewrite writes the page again from the JSON a measuring "
+                         f"`ctpore bench {name}` wrote: run it without --rewrite first")
+    try:
+        return json.loads(source.read_text())
+    except ValueError as exc:
+        raise InputError(f"{source}: not JSON ({exc}); run `ctpore bench {name}` without --rewrite") from None
+
+
 @bench.command("speed")
 @_option("--shape", default="96x256x256", show_default=True, help="Scan shape Z x Y x X.")
 @_option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Timed runs per method.")
@@ -28,12 +41,21 @@ def bench() -> None:
          help="Where the generated scan and the outputs go.")
 @_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
          help="Where performance.md and performance.json are written.")
-def bench_speed(shape, repeats, workdir, outdir):
+@_option("--rewrite", is_flag=True, show_default=True,
+         help="Measure nothing: write performance.md again from OUTDIR/performance.json and OUTDIR/gpu.json "
+         "(after copying in a new `ctpore bench gpu` result).")
+def bench_speed(shape, repeats, workdir, outdir, rewrite):
     """ctpore reconstruct beside MONAI's 3D U-Net, the trained 3D U-Net and filtered Otsu: whole-process
     voxels/s and peak memory on one generated scan; writes OUTDIR/performance.md and .json."""
     from ctpore.pipelines.bench.speed import bench_speed as run
     from ctpore.pipelines.bench.speed import write_performance
 
+    if rewrite:
+        res = _measured(Path(outdir) / "performance.json", "speed")
+        default = f"ctpore bench speed --repeats {res['repeats']}" + (
+            "" if res["shape"] == [96, 256, 256] else f" --shape {'x'.join(map(str, res['shape']))}")
+        click.echo(f"wrote {write_performance(res, outdir, command=res.get('command', default))}")
+        return EXIT_OK
     try:
         dims = tuple(int(v) for v in shape.lower().split("x"))
     except ValueError:
@@ -277,7 +299,10 @@ def bench_flow(cube, sim_size, workdir, outdir):
          help="Where the scan and the outputs go.")
 @_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
          help="Where scale.md and scale.json are written.")
-def bench_split(shape, slab_slices, workdir, outdir):
+@_option("--rewrite", is_flag=True, show_default=True,
+         help="Measure nothing: write scale.md again from OUTDIR/scale.json and OUTDIR/gpu.json "
+         "(after copying in a new `ctpore bench gpu` result).")
+def bench_split(shape, slab_slices, workdir, outdir, rewrite):
     """One scan reconstructed in one process and split across local clusters of 1 and 2 workers, each
     in a process of its own: wall and CPU seconds, the split's extra work (warm-up halos and joins),
     per-slab times, and a model of 2048^3 and 4096^3 scans on N nodes. Writes OUTDIR/scale.md and .json."""
@@ -285,6 +310,12 @@ def bench_split(shape, slab_slices, workdir, outdir):
     from ctpore.pipelines.bench.split import bench_split as run
     from ctpore.pipelines.bench.split import write_scale_report
 
+    if rewrite:
+        res = _measured(Path(outdir) / "scale.json", "split")
+        default = "ctpore bench split" + ("" if res["shape_zyx"] == [896, 256, 256] else
+                                          f" --shape {'x'.join(map(str, res['shape_zyx']))}")
+        click.echo(f"wrote {write_scale_report(res, outdir, res.get('command', default))[1]}")
+        return EXIT_OK
     require_cluster()
     try:
         dims = tuple(int(v) for v in shape.lower().split("x"))

@@ -248,7 +248,9 @@ def write_performance(res: dict, outdir: str | Path = "docs", command: str = "ct
     """``performance.json`` and ``performance.md`` in ``outdir`` (the GPU section from ``gpu.json`` there)."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
+    res = {**res, "command": res.get("command", command)}
     write_json_atomic(outdir / "performance.json", res)
+    command = res["command"]
     z, y, x = res["shape"]
     pf = res["poreformer"]
     lines = [
@@ -298,7 +300,7 @@ def write_performance(res: dict, outdir: str | Path = "docs", command: str = "ct
     lines += gpu_section(json.loads(gpu.read_text())) if gpu.exists() else [
         "No CUDA GPU was available where these figures were made: the GPU path (bf16 autocast, so that",
         "FlashAttention or PyTorch's SDPA kernels run) is tested here with mocks and a stand-in kernel only.",
-        "`sh scripts/gpu_check.sh` is the one prepared run for a GPU machine (no network, under about 8",
+        "`sh scripts/gpu_check.sh` is the one prepared run for a GPU machine (no network, under about 10",
         "minutes by construction): a versions probe, the real-kernel tests, then `ctpore bench gpu`, which",
         "writes its figures step by step to `gpu.json`; copied to `docs/gpu.json`, they appear here (flash",
         "vs sdpa agreement, voxels per second, GPU peak memory) at the next `ctpore bench speed`."]
@@ -331,6 +333,12 @@ def gpu_section(g: dict) -> list[str]:
                          f"{' x '.join(map(str, rc['shape']))} | {rc['seconds']:.2f} | {rc['voxels_per_s']:.3g} | "
                          f"host {rc.get('peak_rss_gb', float('nan')):.2f} | {rc['attention_backend']} |")
         lines.append("")
+        if sp and rc and "seconds_in_metrics" in rc:
+            model_s = rc["voxels"] / sp["voxels_per_s"]
+            lines += [f"Of the whole process's {rc['seconds']:.1f} s, {rc['seconds_in_metrics']:.1f} s were inside "
+                      f"`reconstruct` (the rest: Python, imports, CUDA's start), and the model at the speed above "
+                      f"needs about {model_s:.1f} s of them: on a GPU the host's work (reading, post-processing, "
+                      "writing) bounds the whole run.", ""]
     rows = [(f"attention kernel ({k.replace('_', ' ')}, bf16)", c.get("math_bf16_error"),
              c.get("sdpa", {}).get("error"), c.get("flash", {}).get("error"), c.get("flash_minus_sdpa"))
             for k, c in g.get("kernels", {}).items()

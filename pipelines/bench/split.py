@@ -28,7 +28,7 @@ import numpy as np
 from ctpore.atomic import write_json_atomic, write_lines_atomic
 from ctpore.progress import ProgressFn
 
-__all__ = ["bench_split", "scale_model", "write_scale_report"]
+__all__ = ["bench_split", "gpu_rates", "scale_model", "write_scale_report"]
 
 #: The scans the model's table gives (Z = Y = X).
 MODEL_SIDES = (2048, 4096)
@@ -188,25 +188,44 @@ def _cpu_name() -> str:
     return f"{name} ({'avx512_bf16' if cpu_native_bf16() else 'no native bf16'}), {os.cpu_count()} cores"
 
 
-def scale_model(res: dict, side: int, nodes: int) -> dict:
-    """The model's wall time of a ``side``³ scan on ``nodes`` nodes like this machine, a slab a node
-    (``side / nodes`` slices, rounded up to the stores' alignment): the driver's serial part (the
-    sample's fit and the grey range, scaled with the plane), then the slabs (each computing its
-    warm-up too), then the post-processing and writing, at this machine's rates per voxel (the
-    1-worker split: one worker with every core)."""
+def cpu_rates(res: dict) -> dict:
+    """This machine's rates from the 1-worker split (one worker with every core): seconds per computed
+    voxel of the prediction (warm-up included) and per voxel of the post-processing and writing, and
+    the driver's serial seconds (the sample's fit and the grey range) per voxel of a plane."""
     one = res["split"]["1"]
     z0, y0, x0 = res["shape_zyx"]
     plane0 = y0 * x0
     computed = sum(L + w for L, w in zip(_own_slices(z0, one), _warm_ups(one)))
-    t_pred = sum(one["slab_seconds"]) / (computed * plane0)  # s per computed voxel, one node
-    t_post = one["stage_seconds"]["postprocess_and_write"] / (z0 * plane0)
-    serial = one["stage_seconds"]["sample_and_range"] * (side * side) / plane0
+    return {"predict": sum(one["slab_seconds"]) / (computed * plane0),
+            "post": one["stage_seconds"]["postprocess_and_write"] / (z0 * plane0),
+            "serial_per_plane_voxel": one["stage_seconds"]["sample_and_range"] / plane0}
+
+
+def gpu_rates(gpu: dict, cpu: dict) -> Optional[dict]:
+    """A GPU node's rates from ``ctpore bench gpu``'s JSON: the model alone's seconds per voxel, and
+    the rest of its whole ``reconstruct`` (reading, sample, post-processing, writing: the GPU node's
+    host) per voxel; the driver's serial part at this machine's rate. None without both figures."""
+    sp, rc = gpu.get("speed"), gpu.get("reconstruct")
+    if not sp or not rc or "seconds_in_metrics" not in rc:
+        return None
+    predict = 1.0 / sp["voxels_per_s"]
+    return {"predict": predict, "post": max(rc["seconds_in_metrics"] / rc["voxels"] - predict, 0.0),
+            "serial_per_plane_voxel": cpu["serial_per_plane_voxel"], "gpu": gpu.get("versions", {}).get("gpu", "GPU")}
+
+
+def scale_model(res: dict, side: int, nodes: int, rates: Optional[dict] = None) -> dict:
+    """The model's wall time of a ``side``³ scan on ``nodes`` nodes, a slab a node (``side / nodes``
+    slices, rounded up to the stores' alignment): the driver's serial part (scaled with the plane),
+    then the slabs (each computing its warm-up too), then the post-processing and writing, at
+    ``rates`` per voxel (default :func:`cpu_rates`: nodes like this machine)."""
+    r = rates or cpu_rates(res)
+    serial = r["serial_per_plane_voxel"] * side * side
     align, reach = res["store_align"], res["reach_slices"]
     slab = max(1, math.ceil(side / nodes / align)) * align  # a slab a node
     slabs = -(-side // slab)
     waves = -(-slabs // nodes)
     warm = min(reach, slab * (slabs - 1) / slabs)  # the first slab has none
-    wall = serial + waves * (slab + warm) * side * side * t_pred + waves * slab * side * side * t_post
+    wall = serial + waves * (slab + warm) * side * side * r["predict"] + waves * slab * side * side * r["post"]
     return {"side": side, "nodes": nodes, "slab_slices": slab, "slabs": slabs, "warm_up_share": round(warm / slab, 3),
             "hours": round(wall / 3600, 2)}
 
@@ -216,7 +235,11 @@ def write_scale_report(res: dict, outdir: Union[str, os.PathLike], command: str)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     model = [scale_model(res, s, n) for s in MODEL_SIDES for n in MODEL_NODES]
-    res = {**res, "model": model}
+    gpu_json = outdir / "gpu.json"
+    gpu = gpu_rates(json.loads(gpu_json.read_text()), cpu_rates(res)) if gpu_json.is_file() else None
+    gpu_model = [scale_model(res, s, n, gpu) for s in MODEL_SIDES for n in MODEL_NODES] if gpu else []
+    res = {**res, "model": model, "gpu_model": gpu_model, "command": res.get("command", command)}
+    command = res["command"]
     jpath = write_json_atomic(outdir / "scale.json", res)
     z, y, x = res["shape_zyx"]
     single = res["single"]
@@ -265,9 +288,21 @@ def write_scale_report(res: dict, outdir: Union[str, os.PathLike], command: str)
     for m in model:
         lines.append(f"| {m['side']}^3 | {m['nodes']} | {m['slab_slices']} | {100 * m['warm_up_share']:.0f}% | "
                      f"{m['hours']} |")
-    lines += ["", "On GPUs: not modelled yet. The model takes per-voxel rates measured by `ctpore bench gpu`, which "
-              "has not run on a GPU machine yet ([gpu.md](gpu.md)); until it has, this page gives CPU nodes only.",
-              "", "## What a split run needs", "",
+    if gpu:
+        lines += ["", f"On GPU nodes like the {gpu['gpu']} that `ctpore bench gpu` ran on ([gpu.json](gpu.json), "
+                  f"[performance.md](performance.md#on-a-gpu)): the model alone's rate there "
+                  f"({1 / gpu['predict']:.3g} voxels/s) for the prediction, and the rest of its whole `reconstruct` "
+                  f"({1 / gpu['post']:.3g} voxels/s: reading, the sample, post-processing and writing on that node's "
+                  "host) for the post-processing; the driver's serial part as above. Rates of one GPU run and one "
+                  "host, not a split measured on GPU nodes: the host's work dominates, so a node's CPU cores and "
+                  "disk decide its speed more than its GPU.", "",
+                  "| scan | GPU nodes | slab slices | warm-up share | hours |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {m['side']}^3 | {m['nodes']} | {m['slab_slices']} | {100 * m['warm_up_share']:.0f}% | "
+                  f"{m['hours']} |" for m in gpu_model]
+    else:
+        lines += ["", "On GPUs: not modelled yet. The model takes per-voxel rates measured by `ctpore bench gpu` "
+                  "(`gpu.json` beside this page, [gpu.md](gpu.md)); until it has run, this page gives CPU nodes only."]
+    lines += ["", "## What a split run needs", "",
               "- **Memory**: each worker keeps within `--memory-gb` as a run in one process does: the same tiles, "
               "chunks and post-processing slabs, whatever the slab's length (its slices wait in files, not in "
               "memory). The slab size (`--slab-slices`, default the reach x 8 or the slices per two slabs a "
@@ -310,7 +345,11 @@ def write_scale_report(res: dict, outdir: Union[str, os.PathLike], command: str)
               "    client.wait_for_workers(16)",
               "    reconstruct_split(\"/scratch/me/core.h5\", \"/scratch/me/out\", client, device=\"cuda\")",
               "```", "",
-              "A split run on GPUs has not been tried yet: no GPU machine has been lent to this project so far.", ""]
+              ("A split run on a GPU is checked by `sh scripts/gpu_check.sh`: a scan split across two workers that "
+               "share one GPU holds the single run's voxels and metrics (tests/test_gpu_path.py); on several GPU "
+               "nodes it has not been tried." if gpu else
+               "A split run on GPUs has not been tried yet: `sh scripts/gpu_check.sh` checks it on a GPU machine."),
+              ""]
     mpath = write_lines_atomic(outdir / "scale.md", lines)
     return jpath, mpath
 
