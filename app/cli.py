@@ -6,6 +6,7 @@ Exit codes: 0 done; 2 bad input or usage (one line on stderr naming the file and
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import warnings
@@ -47,11 +48,22 @@ for _command in (reconstruct, analyze, batch, evaluate, info, simulate, train, f
 
 
 def main(argv=None) -> None:
-    """Entry point of the ``ctpore`` console script."""
+    """Entry point of the ``ctpore`` console script (``argv`` None: the command is the whole process)."""
     # Reuse freed memory instead of faulting in fresh pages for every chunk's activations
     # (ctpore.runtime says why). Process-wide, so the command sets it, never the library.
     tune_allocator()
     warnings.showwarning = _show_warning  # ctpore's warnings as one line each, on stderr
+    try:
+        _main(argv)
+    finally:
+        if argv is None:
+            # The process ends next. Its last garbage collections would walk every object torch
+            # and scipy made (about 0.45 s of a 7 s reconstruct, on 2 cores); frozen, they are
+            # skipped, and the exit still runs every atexit handler, finalizer and flush.
+            gc.freeze()
+
+
+def _main(argv) -> None:
     try:
         rv = cli.main(args=argv, prog_name="ctpore", standalone_mode=False)
     except click.UsageError as exc:
