@@ -18,6 +18,10 @@
 ``calibration``
     The monotone map applied to the probability map (:mod:`ctpore.data.calibration`); the pores
     are always decided on the raw probability.
+``zmix``
+    The z-neighbour refit (:mod:`ctpore.data.zmix`), fitted on a user's labels by ``ctpore
+    finetune``: applied to the raw probabilities first (every rule and the calibration then act
+    on its output), each slab read with one slice of halo on each side. None: off.
 ``binary``
     The method gives 0/1 pores, not probabilities (the thresholding methods): its probability map
     is its final pores.
@@ -49,6 +53,7 @@ import numpy as np
 from ctpore.data.calibration import apply_calibration
 from ctpore.data.slabs import SlabComponents
 from ctpore.data.topology import SLAB_VOXELS
+from ctpore.data.zmix import mix_slab
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
 
@@ -75,6 +80,7 @@ class Postprocessing:
     min_pore_voxels : int
     calibration : dict or None
     binary : bool
+    zmix : dict or None
     """
 
     threshold: float = 0.5
@@ -83,6 +89,7 @@ class Postprocessing:
     min_pore_voxels: int = 0
     calibration: Optional[dict] = field(default=None, compare=False)
     binary: bool = False
+    zmix: Optional[dict] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threshold, (int, float)) and 0.0 < float(self.threshold) <= 1.0):
@@ -93,6 +100,10 @@ class Postprocessing:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise InputError(f"{name} must be a whole number of voxels >= 0, got {v!r}")
+        if self.zmix is not None:
+            w = self.zmix.get("w") if isinstance(self.zmix, dict) else None
+            if not isinstance(w, (list, tuple)) or len(w) != 4 or not all(math.isfinite(float(v)) for v in w):
+                raise InputError(f"the z-neighbour refit needs four finite numbers under 'w', got {self.zmix!r}")
 
     # -- what it does -------------------------------------------------------------------------
 
@@ -113,7 +124,8 @@ class Postprocessing:
     def describe(self) -> dict:
         """The rules as the metrics record them (the calibration only as whether there is one)."""
         return {"threshold": float(self.threshold), "confidence": self.confidence, "min_size": int(self.min_size),
-                "min_pore_voxels": int(self.min_pore_voxels), "calibrated": self.calibration is not None}
+                "min_pore_voxels": int(self.min_pore_voxels), "calibrated": self.calibration is not None,
+                **({} if self.zmix is None else {"z_neighbour_refit": [round(float(v), 4) for v in self.zmix["w"]]})}
 
     # -- stored with weights ------------------------------------------------------------------
 
@@ -121,7 +133,7 @@ class Postprocessing:
         """String metadata for a weights file (the keys :meth:`from_metadata` reads)."""
         return {"threshold": str(self.threshold), "min_size": str(self.min_size),
                 "confidence": "" if self.confidence is None else str(self.confidence),
-                "calibration": json.dumps(self.calibration)}
+                "calibration": json.dumps(self.calibration), "zmix": json.dumps(self.zmix)}
 
     @classmethod
     def from_metadata(cls, meta: dict, path=None) -> "Postprocessing":
@@ -141,8 +153,12 @@ class Postprocessing:
                 if not x or not y or len(x) != len(y):
                     raise ValueError("the stored calibration needs x and y of equal, non-zero length")
             conf = meta.get("confidence")
+            raw_mix = meta.get("zmix")
+            zmix = None if raw_mix in (None, "", "null") else (json.loads(raw_mix) if isinstance(raw_mix, str)
+                                                                else raw_mix)
             return cls(threshold=float(meta.get("threshold", 0.5)), min_size=int(meta.get("min_size", 0)),
-                       confidence=None if conf in (None, "", "None", "null") else float(conf), calibration=cal)
+                       confidence=None if conf in (None, "", "None", "null") else float(conf), calibration=cal,
+                       zmix=zmix)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise InputError(f"the stored post-processing is malformed ({exc}); refit it with "
                              "ctpore.pipelines.train.refit_postprocessing", path=path) from None
@@ -161,6 +177,14 @@ class Postprocessing:
 
         self.run(lambda a, b: prob[a:b].copy(), prob.shape, whole_slab(prob.shape), keep)
         return pores, out
+
+    def mixing(self, read: Callable[[int, int], np.ndarray], nz: int) -> Callable[[int, int], np.ndarray]:
+        """``read`` with the z-neighbour refit applied (``read`` itself without one): ``read(z0, z1)``
+        of a volume of ``nz`` slices, each slab read with one slice of halo on each side."""
+        if self.zmix is None or self.binary:
+            return read
+        zmix = self.zmix
+        return lambda a, b: mix_slab(read, a, b, nz, zmix)
 
     def run(self, read: Callable[[int, int], np.ndarray], shape, slab: int, on_slab: SlabFn,
             progress: ProgressFn = None) -> None:
@@ -181,6 +205,7 @@ class Postprocessing:
         progress : callable, optional
             ``progress(done, total, stage)``.
         """
+        read = self.mixing(read, int(shape[0]))
         cuts = slab_cuts(int(shape[0]), slab)
         steps = len(cuts) * (1 + self.pore_rule + self.solid_rule)
         done = 0
@@ -248,6 +273,7 @@ class Postprocessing:
         returned in the order of ``cuts``.
         """
         run = map_fn or (lambda fn, items: [fn(it) for it in items])
+        read = self.mixing(read, int(cuts[-1][1]) if cuts else 0)
         groups = groups if groups is not None else [[i] for i in range(len(cuts))]
         if sorted(i for g in groups for i in g) != list(range(len(cuts))):
             raise ValueError("the groups must hold every cut once")

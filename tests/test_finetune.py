@@ -141,16 +141,20 @@ def test_the_boundary_shift_and_the_euler_numbers_against_drawn_squares():
 
 def test_the_refit_finds_the_labellers_threshold():
     """Labels whose pores end where the probability reaches 0.8 (a labeller who draws them thinner):
-    the refitted threshold is 0.8, and the calibration maps the probabilities to those labels."""
+    the refitted threshold is 0.8, and the calibration maps the probabilities to those labels; with
+    the z-neighbour refit in front, its pores are still the labeller's."""
     rng = np.random.default_rng(3)
     prob = rng.random((4, 32, 32)).astype(np.float32)
     labels = np.where(prob >= 0.8, PORE, SOLID).astype(np.uint8)
     labels[1] = 0
     from ctpore.data.postprocess import Postprocessing
 
-    post, tried = refit_on_labels([prob], [labels], Postprocessing(threshold=0.5))
+    post, tried = refit_on_labels([prob], [labels], Postprocessing(threshold=0.5), z_neighbours=False)
     assert post.threshold == pytest.approx(0.8) and post.calibration is not None
     assert tried["threshold_dice"][0.8] == pytest.approx(1.0)
+    mixed, _ = refit_on_labels([prob], [labels], Postprocessing(threshold=0.5))
+    pores = mixed.apply(prob)[0].astype(bool)
+    assert mixed.zmix is not None and np.array_equal(pores[labels > 0], labels[labels > 0] == PORE)
 
 
 def test_a_causal_networks_crops_end_at_the_drawn_slice_and_others_hold_it_anywhere():

@@ -24,7 +24,8 @@ def probabilities(shape=(40, 30, 30), seed=1) -> np.ndarray:
 
 RULES = [Postprocessing(), Postprocessing(confidence=0.8), Postprocessing(min_size=5),
          Postprocessing(threshold=0.6, confidence=0.9, min_pore_voxels=20),
-         Postprocessing(confidence=0.8, calibration={"x": [0.0, 0.5, 1.0], "y": [0.0, 0.3, 1.0]})]
+         Postprocessing(confidence=0.8, calibration={"x": [0.0, 0.5, 1.0], "y": [0.0, 0.3, 1.0]}),
+         Postprocessing(confidence=0.8, zmix={"w": [0.8, 0.9, -0.3, 0.2]})]
 CUTS = [[(0, 40)], [(0, 7), (7, 8), (8, 30), (30, 40)], [(a, a + 1) for a in range(40)]]
 
 
@@ -33,7 +34,8 @@ def backwards(fn, items):
     return [fn(it) for it in reversed(list(items))][::-1]
 
 
-@pytest.mark.parametrize("post", RULES, ids=["plain", "confidence", "size", "user-size", "calibrated"])
+@pytest.mark.parametrize("post", RULES, ids=["plain", "confidence", "size", "user-size", "calibrated",
+                                          "z-neighbours"])
 @pytest.mark.parametrize("cuts", CUTS, ids=["one", "uneven", "single-slices"])
 def test_the_split_post_processing_equals_the_whole_volumes(post, cuts):
     prob = probabilities()

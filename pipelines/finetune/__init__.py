@@ -28,6 +28,7 @@ import numpy as np
 from ctpore.data.io import read_volume
 from ctpore.data.normalize import normalize, robust_range
 from ctpore.data.sparse_labels import label_counts, read_sparse_labels
+from ctpore.data.zmix import mix_volume
 from ctpore.errors import InputError
 from ctpore.pipelines.finetune.holdout import Split, held_figures, hold_out
 from ctpore.pipelines.finetune.refit import raw_probability, refit_on_labels
@@ -55,7 +56,7 @@ def network_input(volume: np.ndarray, geometry, sample: Any = "auto") -> np.ndar
 def _figures(raw: list, post, splits: list[Split]) -> dict:
     """Held-back figures over every scan (voxel-weighted MSE and Dice, summed 2D Euler errors,
     the mean boundary shift) of what ``reconstruct`` would write with ``post``."""
-    rows = [held_figures(r, post.threshold, s, post.calibration) for r, s in zip(raw, splits)]
+    rows = [held_figures(mix_volume(r, post.zmix), post.threshold, s, post.calibration) for r, s in zip(raw, splits)]
     n = sum(r["voxels"] for r in rows)
     return {"mse": sum(r["mse"] * r["voxels"] for r in rows) / max(n, 1),
             "dice": sum(r["dice"] * r["voxels"] for r in rows) / max(n, 1),

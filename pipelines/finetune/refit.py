@@ -5,6 +5,9 @@ reconstruct pipeline (:func:`raw_probability`: the sample found, the outside fil
 surface's rim cleared, exactly what ``ctpore reconstruct`` thresholds), and on the labels that
 train (never the held-back ones):
 
+- the z-neighbour refit (:mod:`~ctpore.data.zmix`): each voxel's probability refitted from its
+  logit and its two z-neighbours' (the labeller's idea of where a pore ends along Z, which a
+  causal network cannot learn from the slices below); the rules below act on its output;
 - the threshold whose components are pores: the one of :data:`THRESHOLDS` with the best Dice on
   the labelled voxels (ties: the nearest to the weights' own);
 - the evidence rule's confidence (:class:`~ctpore.data.postprocess.Postprocessing`): of
@@ -26,6 +29,7 @@ from ctpore.data.calibration import fit_calibration
 from ctpore.data.io import Geometry
 from ctpore.data.postprocess import Postprocessing
 from ctpore.data.sparse_labels import PORE, UNLABELLED
+from ctpore.data.zmix import fit_zmix, mix_volume
 from ctpore.progress import ProgressFn
 
 __all__ = ["THRESHOLDS", "CONFIDENCES", "raw_probability", "refit_on_labels"]
@@ -60,10 +64,14 @@ def _dice(pred: np.ndarray, truth: np.ndarray) -> float:
     return 1.0 if denom == 0 else 2.0 * int(np.count_nonzero(pred & truth)) / denom
 
 
-def refit_on_labels(probs: list, labels: list, base: Postprocessing) -> tuple[Postprocessing, dict]:
+def refit_on_labels(probs: list, labels: list, base: Postprocessing,
+                    z_neighbours: bool = True) -> tuple[Postprocessing, dict]:
     """The post-processing refitted on ``labels`` (the training part: 0 / 1 pore / 2 solid) of the
-    scans whose raw probabilities are ``probs``; returns it and what was tried (module docstring)."""
+    scans whose raw probabilities are ``probs``; returns it and what was tried (module docstring).
+    ``z_neighbours``: fit the z-neighbour refit (else none)."""
     where = [lab != UNLABELLED for lab in labels]
+    zmix = fit_zmix(probs, [lab == PORE for lab in labels], where) if z_neighbours else None
+    raw, probs = probs, [mix_volume(prob, zmix) for prob in probs]
     p = np.concatenate([prob[w] for prob, w in zip(probs, where)]).astype(np.float32)
     t = np.concatenate([lab[w] == PORE for lab, w in zip(labels, where)])
     scores = {float(th): _dice(p >= th, t) for th in sorted(set(THRESHOLDS) | {float(base.threshold)})}
@@ -73,14 +81,14 @@ def refit_on_labels(probs: list, labels: list, base: Postprocessing) -> tuple[Po
     for conf in sorted(set(CONFIDENCES) | {base.confidence}, key=lambda c: -1.0 if c is None else c):
         if conf is not None and conf < threshold:
             continue
-        post = Postprocessing(threshold=threshold, confidence=conf, min_size=base.min_size)
-        pores = [post.apply(prob)[0].astype(bool) for prob in probs]
+        post = Postprocessing(threshold=threshold, confidence=conf, min_size=base.min_size, zmix=zmix)
+        pores = [post.apply(prob)[0].astype(bool) for prob in raw]
         q = np.concatenate([pr[w] for pr, w in zip(pores, where)])
         tried["none" if conf is None else str(conf)] = _dice(q, t)
     top = max(tried.values())
     chosen = next(k for k, v in tried.items() if v >= top - 1e-9)
     confidence = None if chosen == "none" else float(chosen)
     cal = fit_calibration([(prob[w], (lab[w] == PORE).astype(np.uint8)) for prob, lab, w in zip(probs, labels, where)])
-    post = replace(base, threshold=threshold, confidence=confidence, calibration=cal)
+    post = replace(base, threshold=threshold, confidence=confidence, calibration=cal, zmix=zmix)
     return post, {"threshold_dice": scores, "confidence_dice": tried, "threshold": threshold,
-                  "confidence": confidence}
+                  "confidence": confidence, "zmix": zmix}
