@@ -99,7 +99,8 @@ def fit_zmix(probs: Sequence[np.ndarray], truths: Sequence[np.ndarray], wheres: 
     if y.size == 0 or y.min() == y.max():
         return {"w": w.tolist()}
     for _ in range(iterations):
-        p = 1.0 / (1.0 + np.exp(-(x @ w)))
+        with np.errstate(over="ignore"):  # exp overflows to inf where a voxel is certain: p = 0
+            p = 1.0 / (1.0 + np.exp(-(x @ w)))
         grad = x.T @ (p - y) + ridge * w
         hess = (x * (p * (1.0 - p))[:, None]).T @ x + ridge * np.eye(4)
         step = np.linalg.solve(hess, grad)
