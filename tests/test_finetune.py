@@ -142,7 +142,8 @@ def test_the_boundary_shift_and_the_euler_numbers_against_drawn_squares():
 def test_the_refit_finds_the_labellers_threshold():
     """Labels whose pores end where the probability reaches 0.8 (a labeller who draws them thinner):
     the refitted threshold is 0.8, and the calibration maps the probabilities to those labels; with
-    the z-neighbour refit in front, its pores are still the labeller's."""
+    the z-neighbour refit in front (pulled towards the identity, so no exact threshold), its pores
+    still agree with the labeller's almost everywhere."""
     rng = np.random.default_rng(3)
     prob = rng.random((4, 32, 32)).astype(np.float32)
     labels = np.where(prob >= 0.8, PORE, SOLID).astype(np.uint8)
@@ -154,7 +155,9 @@ def test_the_refit_finds_the_labellers_threshold():
     assert tried["threshold_dice"][0.8] == pytest.approx(1.0)
     mixed, _ = refit_on_labels([prob], [labels], Postprocessing(threshold=0.5))
     pores = mixed.apply(prob)[0].astype(bool)
-    assert mixed.zmix is not None and np.array_equal(pores[labels > 0], labels[labels > 0] == PORE)
+    truth = labels[labels > 0] == PORE
+    agree = 2 * np.count_nonzero(pores[labels > 0] & truth) / (np.count_nonzero(pores[labels > 0]) + truth.sum())
+    assert mixed.zmix is not None and agree > 0.97
 
 
 def test_a_causal_networks_crops_end_at_the_drawn_slice_and_others_hold_it_anywhere():
