@@ -52,9 +52,7 @@ def bench_speed(shape, repeats, workdir, outdir, rewrite):
 
     if rewrite:
         res = _measured(Path(outdir) / "performance.json", "speed")
-        default = f"ctpore bench speed --repeats {res['repeats']}" + (
-            "" if res["shape"] == [96, 256, 256] else f" --shape {'x'.join(map(str, res['shape']))}")
-        click.echo(f"wrote {write_performance(res, outdir, command=res.get('command', default))}")
+        click.echo(f"wrote {write_performance(res, outdir, command=res.get('command', 'ctpore bench speed'))}")
         return EXIT_OK
     try:
         dims = tuple(int(v) for v in shape.lower().split("x"))
@@ -312,9 +310,7 @@ def bench_split(shape, slab_slices, workdir, outdir, rewrite):
 
     if rewrite:
         res = _measured(Path(outdir) / "scale.json", "split")
-        default = "ctpore bench split" + ("" if res["shape_zyx"] == [896, 256, 256] else
-                                          f" --shape {'x'.join(map(str, res['shape_zyx']))}")
-        click.echo(f"wrote {write_scale_report(res, outdir, res.get('command', default))[1]}")
+        click.echo(f"wrote {write_scale_report(res, outdir, res.get('command', 'ctpore bench split'))[1]}")
         return EXIT_OK
     require_cluster()
     try:

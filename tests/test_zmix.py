@@ -41,7 +41,7 @@ def test_the_refit_is_the_formula_and_the_identity_changes_nothing():
     assert np.allclose(mix_volume(p, W), direct(p, W["w"]), atol=2e-6)
     assert (mix_volume(p, W)[3, :5, :5] == 0).all()
     assert np.allclose(mix_volume(p, {"w": [1.0, 0.0, 0.0, 0.0]}), np.clip(p, EPS, 1 - EPS) * (p > 0), atol=1e-6)
-    assert mix_volume(p, None) is p or np.array_equal(mix_volume(p, None), p)
+    assert mix_volume(p, None) is p
 
 
 @pytest.mark.parametrize("slab", [1, 2, 5, 24])

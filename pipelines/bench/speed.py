@@ -248,9 +248,8 @@ def write_performance(res: dict, outdir: str | Path = "docs", command: str = "ct
     """``performance.json`` and ``performance.md`` in ``outdir`` (the GPU section from ``gpu.json`` there)."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    res = {**res, "command": res.get("command", command)}
+    res = {**res, "command": command}  # kept, so that --rewrite names the command that measured
     write_json_atomic(outdir / "performance.json", res)
-    command = res["command"]
     z, y, x = res["shape"]
     pf = res["poreformer"]
     lines = [

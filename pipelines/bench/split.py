@@ -238,8 +238,7 @@ def write_scale_report(res: dict, outdir: Union[str, os.PathLike], command: str)
     gpu_json = outdir / "gpu.json"
     gpu = gpu_rates(json.loads(gpu_json.read_text()), cpu_rates(res)) if gpu_json.is_file() else None
     gpu_model = [scale_model(res, s, n, gpu) for s in MODEL_SIDES for n in MODEL_NODES] if gpu else []
-    res = {**res, "model": model, "gpu_model": gpu_model, "command": res.get("command", command)}
-    command = res["command"]
+    res = {**res, "model": model, "gpu_model": gpu_model, "command": command}  # kept for --rewrite
     jpath = write_json_atomic(outdir / "scale.json", res)
     z, y, x = res["shape_zyx"]
     single = res["single"]

@@ -71,7 +71,7 @@ def refit_on_labels(probs: list, labels: list, base: Postprocessing,
     ``z_neighbours``: fit the z-neighbour refit (else none)."""
     where = [lab != UNLABELLED for lab in labels]
     zmix = fit_zmix(probs, [lab == PORE for lab in labels], where) if z_neighbours else None
-    raw, probs = probs, [mix_volume(prob, zmix) for prob in probs]
+    probs = [mix_volume(prob, zmix) for prob in probs]
     p = np.concatenate([prob[w] for prob, w in zip(probs, where)]).astype(np.float32)
     t = np.concatenate([lab[w] == PORE for lab, w in zip(labels, where)])
     scores = {float(th): _dice(p >= th, t) for th in sorted(set(THRESHOLDS) | {float(base.threshold)})}
@@ -81,8 +81,9 @@ def refit_on_labels(probs: list, labels: list, base: Postprocessing,
     for conf in sorted(set(CONFIDENCES) | {base.confidence}, key=lambda c: -1.0 if c is None else c):
         if conf is not None and conf < threshold:
             continue
-        post = Postprocessing(threshold=threshold, confidence=conf, min_size=base.min_size, zmix=zmix)
-        pores = [post.apply(prob)[0].astype(bool) for prob in raw]
+        # on the refitted probabilities: the same pores as with zmix on the raw ones, refitted once
+        post = Postprocessing(threshold=threshold, confidence=conf, min_size=base.min_size)
+        pores = [post.apply(prob)[0].astype(bool) for prob in probs]
         q = np.concatenate([pr[w] for pr, w in zip(pores, where)])
         tried["none" if conf is None else str(conf)] = _dice(q, t)
     top = max(tried.values())
