@@ -10,7 +10,8 @@
  * ranges of columns in several threads.
  *
  * Layouts (elements, last axis contiguous):
- *   q, out  (N, Zq, H, 16), rows of H*16, column stride q_sn / o_sn;
+ *   q, out  (N, Zq, H, 16), heads 16 apart, column stride q_sn / o_sn, slice stride q_sz / o_sz
+ *           (H*16 when each column's slices are contiguous; N*H*16 in a slice-major layout);
  *   k, v    the last Zk - Zc key positions (N, Zk - Zc, Hkv, 16), column stride k_sn / v_sn, slice
  *           stride k_sz / v_sz, heads 16 apart;
  *   kp, vp  the first Zc positions (a KV cache's, read in place: no copy joins them to k, v), laid
@@ -145,9 +146,10 @@ static inline float hsum8(v8 x) {
 #define DEFINE_RUN(NAME, T, LOAD16, STORE16, LB)                                                   \
     CLONES static void NAME(const T *q, const T *k, const T *v, T *out, const T *kp, const T *vp,  \
                             int64_t n0, int64_t n1, int64_t Zq, int64_t Zk, int64_t Zc, int64_t H, \
-                            int64_t Hkv, int64_t W, float scale, int64_t q_sn, int64_t k_sn,       \
-                            int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn, int64_t kp_sn, \
-                            int64_t kp_sz, int64_t vp_sn, int64_t vp_sz, float *scratch) {         \
+                            int64_t Hkv, int64_t W, float scale, int64_t q_sn, int64_t q_sz,      \
+                            int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, int64_t o_sn,  \
+                            int64_t o_sz, int64_t kp_sn, int64_t kp_sz, int64_t vp_sn, int64_t vp_sz, \
+                            float *scratch) {                                                      \
         const int64_t L = 8 * LB;          /* key lanes of a query */                               \
         const int64_t P = Zk + L - 1;      /* key positions, with L - 1 empty ones in front */     \
         const int64_t rep = H / Hkv;                                                               \
@@ -171,8 +173,8 @@ static inline float hsum8(v8 x) {
                 if (L - W > first) first = L - W; /* or outside the window */                     \
                 v8i masked[LB];                                                                    \
                 for (int b = 0; b < LB; b++) masked[b] = (lane + 8 * b) < (v8i){0} + (int32_t)first; \
-                const T *qi = q + n * q_sn + i * H * D;                                            \
-                T *oi = out + n * o_sn + i * H * D;                                                \
+                const T *qi = q + n * q_sn + i * q_sz;                                             \
+                T *oi = out + n * o_sn + i * o_sz;                                                 \
                 if (H % 4 == 0) {                                                                  \
                     HEAD_GROUPS(4, LB, LOAD16, STORE16)                                            \
                 } else {                                                                           \
@@ -209,13 +211,14 @@ static int bad_args(int64_t n0, int64_t n1, int64_t Zq, int64_t Zk, int64_t Zc, 
 
 /* One exported entry per storage type, head size 16. Returns 0; -1 when the scratch memory could
  * not be allocated; -2 for arguments it is not written for (bad_args), having touched nothing. */
-#define RUN_ARGS q, k, v, out, kp, vp, n0, n1, Zq, Zk, Zc, H, Hkv, W, scale, q_sn, k_sn, k_sz, v_sn, v_sz, o_sn, \
-                 kp_sn, kp_sz, vp_sn, vp_sz, scratch
+#define RUN_ARGS q, k, v, out, kp, vp, n0, n1, Zq, Zk, Zc, H, Hkv, W, scale, q_sn, q_sz, k_sn, k_sz, v_sn, v_sz, \
+                 o_sn, o_sz, kp_sn, kp_sz, vp_sn, vp_sz, scratch
 #define DEFINE_EXPORT(NAME, T, RUN)                                                                \
     EXPORT int NAME(const T *q, const T *k, const T *v, T *out, const T *kp, const T *vp, int64_t n0, \
                     int64_t n1, int64_t Zq, int64_t Zk, int64_t Zc, int64_t H, int64_t Hkv, int64_t W, \
-                    float scale, int64_t q_sn, int64_t k_sn, int64_t k_sz, int64_t v_sn, int64_t v_sz, \
-                    int64_t o_sn, int64_t kp_sn, int64_t kp_sz, int64_t vp_sn, int64_t vp_sz) {   \
+                    float scale, int64_t q_sn, int64_t q_sz, int64_t k_sn, int64_t k_sz, int64_t v_sn, \
+                    int64_t v_sz, int64_t o_sn, int64_t o_sz, int64_t kp_sn, int64_t kp_sz, int64_t vp_sn, \
+                    int64_t vp_sz) {                                                               \
         if (bad_args(n0, n1, Zq, Zk, Zc, H, Hkv, W, kp, vp)) return -2;                           \
         float *scratch = alloc_scratch(Zk, Hkv, W);                                                \
         if (!scratch) return -1;                                                                   \

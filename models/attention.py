@@ -246,6 +246,38 @@ class MultiHeadAttention(nn.Module):
         v = v.view(b, z, self.n_kv_heads, self.head_dim)  # (B, Z, Hkv, D)
         return q, k, v
 
+    def heads_slice_major(self, x: torch.Tensor, pos_v: torch.Tensor | None, cache: KVCache,
+                          cache_rows: slice | None, n_rows: int) -> torch.Tensor | None:
+        """The heads' outputs, concatenated (no output projection), of slice-major tokens ``x``
+        ``(Zq, N, C)``, or None where this path does not apply (then call :meth:`forward` on
+        ``(N, Zq, C)``).
+
+        For inference on CPU with a look-back-window KV cache and ctpore's C kernel: q, k and v stay
+        in ``x``'s slice-major layout, the kernel reads them in place and writes ``(Zq, N, C)``, so
+        a caller holding slice-major maps (channels-last, slices outermost) makes no transposing
+        copy. Each token's arithmetic is :meth:`forward`'s, so the values are its values.
+        """
+        from ctpore.models.window_kernel import available, window_attention
+
+        if (torch.is_grad_enabled() or self.training or x.device.type != "cpu" or not x.is_contiguous()
+                or cache.window is None or not self.causal or self.window is None or not available()):
+            return None
+        z, n, c = x.shape
+        w, bias = self.qkv.weight, self.qkv.bias
+        q = F.linear(x, w[:c], None if bias is None else bias[:c])  # (Zq, N, H*D)
+        k, v = F.linear(x, w[c:], None if bias is None else bias[c:]).split(self.kv_dim, dim=-1)
+        if pos_v is not None:
+            v.add_(pos_v.unsqueeze(1))  # per slice, as forward adds it
+        q = q.view(z, n, self.n_heads, self.head_dim).transpose(0, 1)  # (N, Zq, H, D) views
+        k = k.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(0, 1)
+        v = v.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(0, 1)
+        out = window_attention(q, k, v, self.window, cache.past(cache_rows))
+        if out is None:
+            return None
+        cache.append(k, v, cache_rows, n_rows)
+        self.ran["window"] += 1
+        return out.transpose(0, 1).reshape(z, n, c)
+
     def forward(
         self,
         x: torch.Tensor,

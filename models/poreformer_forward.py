@@ -145,10 +145,18 @@ def _full_resolution(model, x, u, s0, margins, zfeat, caches, need_weights, chec
         if check:
             check_finite(up, "decoder", "output")
         rb = r1 - r0
-        # column-major (B*rb*ox, Z, d): the add in the maps' own (channels-last) layout, then
-        # one transposing copy (measured twice as fast as an add that writes the transposed layout)
-        tok = (up + st).permute(0, 2, 3, 1).reshape(z, b * rb * ox, d).transpose(0, 1).contiguous()
         n_run = len(model.blocks) - (fold is not None)
+        # the add in the maps' own (channels-last) layout; into the stem's fresh map where no
+        # gradient is taken (the same sums: addition commutes)
+        summed = st.add_(up) if not torch.is_grad_enabled() and st.dtype == up.dtype else up + st
+        if fold is not None and not n_run and b == 1:
+            lg = _folded_slice_major(model, summed, zfeat, caches[-1], rows, oy * ox, fold)
+            if lg is not None:
+                logits[0, :, r0:r1] = lg.view(z, rb, ox)
+                continue
+        # column-major (B*rb*ox, Z, d): one transposing copy (measured twice as fast as an add that
+        # writes the transposed layout)
+        tok = summed.permute(0, 2, 3, 1).reshape(z, b * rb * ox, d).transpose(0, 1).contiguous()
         for blk, c in zip(model.blocks[:n_run], caches):
             tok, w = blk(tok, zfeat, c, need_weights, check, rows, b * oy * ox)
             if w is not None:
@@ -167,3 +175,18 @@ def _full_resolution(model, x, u, s0, margins, zfeat, caches, need_weights, chec
             if c is not None:
                 c.commit(z)
     return logits
+
+
+def _folded_slice_major(model, summed, zfeat, cache, rows, n_rows, fold):
+    """The logits ``(Z*rb*ox, 1)`` of a band whose only full-resolution block folds into the head, with
+    the tokens slice-major: ``summed`` is the band's token map ``(Z, d, rb, ox)``, channels-last, so its
+    memory already is ``(Z, rb*ox, d)`` and no transposing copy is made (the attention reads it there:
+    :meth:`~ctpore.models.attention.MultiHeadAttention.heads_slice_major`). None where that path does
+    not apply; the values are those of the column-major path."""
+    z, d = summed.shape[0], summed.shape[1]
+    if not summed.is_contiguous(memory_format=torch.channels_last):
+        return None
+    tok = summed.permute(0, 2, 3, 1).reshape(z, -1, d)  # (Z, N, d), a view
+    last = model.blocks[-1]
+    a = last.attn.heads_slice_major(last.ln1(tok), last.pos_term(zfeat), cache, rows, n_rows)
+    return None if a is None else folded_head(tok.reshape(-1, d), a.reshape(-1, d), *fold)

@@ -28,7 +28,7 @@ import torch
 
 __all__ = ["HEAD_SIZE", "MAX_WINDOW", "available", "library_path", "window_attention"]
 
-_ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float] + [ctypes.c_int64] * 10
+_ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float] + [ctypes.c_int64] * 12
 
 #: The shapes the kernel is written for (PoreFormer's attention blocks): head size 16, a look-back
 #: window of at most 32 slices; other shapes go to PyTorch's kernel.
@@ -71,7 +71,7 @@ def available() -> bool:
 
 
 def _heads_packed(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (N, Z, Hkv, D) as the kernel reads it (the last axis contiguous, heads ``D`` apart),
+    """``t`` (N, Z, H or Hkv, D) as the kernel reads it (the last axis contiguous, heads ``D`` apart),
     copied only when it is not."""
     if t.stride(3) != 1 or (t.shape[2] > 1 and t.stride(2) != t.shape[3]):
         return t.contiguous()
@@ -108,11 +108,13 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     Returns
     -------
     torch.Tensor or None
-        ``(N, Zq, H, D)`` in ``q``'s dtype; None when the kernel is not built, the shapes are
-        not the ones it is written for (``D`` not 16, a window outside 1..32, more queries than
-        keys, no key/value head or ``H`` not a multiple of ``Hkv``), any tensor is not on the CPU
-        or not fp32/bf16, or needs a gradient (PyTorch's kernel then runs). The C entry declines
-        the same shapes itself (code -2, here a RuntimeError): nothing out of bounds whoever calls it.
+        ``(N, Zq, H, D)`` in ``q``'s dtype, laid out as ``q`` where ``q`` is dense with its heads
+        packed (a view of a slice-major ``(Zq, N, H, D)`` query gives one of such an output); None
+        when the kernel is not built, the shapes are not the ones it is written for (``D`` not 16, a
+        window outside 1..32, more queries than keys, no key/value head or ``H`` not a multiple of
+        ``Hkv``), any tensor is not on the CPU or not fp32/bf16, or needs a gradient (PyTorch's
+        kernel then runs). The C entry declines the same shapes itself (code -2, here a
+        RuntimeError): nothing out of bounds whoever calls it.
     """
     lib = _library()
     if lib is None or q.dtype not in (torch.float32, torch.bfloat16):
@@ -134,12 +136,14 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     zk = zc + zn
     if zq < 1 or zk < zq or d != HEAD_SIZE or not 1 <= window <= MAX_WINDOW:
         return None
-    q = q.contiguous()
-    k, v, kp, vp = (_heads_packed(t) for t in (k, v, kp, vp))
-    out = torch.empty_like(q)
+    q, k, v, kp, vp = (_heads_packed(t) for t in (q, k, v, kp, vp))
+    out = torch.empty_like(q)  # in q's layout where it is dense (a slice-major q gives a slice-major out)
+    if out.stride(3) != 1 or (h > 1 and out.stride(2) != d):
+        out = torch.empty(q.shape, dtype=q.dtype)
     fn = lib.ctpore_winattn_bf16 if q.dtype == torch.bfloat16 else lib.ctpore_winattn_f32
-    args = (zq, zk, zc, h, hkv, int(window), 1.0 / math.sqrt(d), q.stride(0), k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), out.stride(0), kp.stride(0), kp.stride(1), vp.stride(0), vp.stride(1))
+    args = (zq, zk, zc, h, hkv, int(window), 1.0 / math.sqrt(d), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            v.stride(0), v.stride(1), out.stride(0), out.stride(1), kp.stride(0), kp.stride(1), vp.stride(0),
+            vp.stride(1))
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), kp.data_ptr(), vp.data_ptr())
     threads = max(1, min(torch.get_num_threads(), n // _MIN_COLUMNS_PER_THREAD))
     bounds = [n * i // threads for i in range(threads + 1)]

@@ -106,6 +106,51 @@ def test_kernel_reads_a_caches_positions_in_place_as_if_joined(zc, zq, hkv, wind
     assert window_kernel.window_attention(q, k, v, window, past=(kp[:-1], vp[:-1])) is None  # other columns
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_reads_slice_major_queries_in_place_and_writes_its_output_in_their_layout(dtype):
+    # (Zq, N, ...) memory, as a channels-last map of slices holds its tokens, seen as (N, Zq, ...):
+    # the same values as from column-major copies, and an output laid out slice-major too
+    g = torch.Generator().manual_seed(5)
+    n, zq = 300, 8
+    q_sm = torch.randn(zq, n, 4, 16, generator=g).to(dtype).transpose(0, 1)
+    kv_sm = torch.randn(zq, n, 32, generator=g).to(dtype)
+    k_sm, v_sm = (t.unflatten(-1, (1, 16)).transpose(0, 1) for t in kv_sm.split(16, -1))
+    kp, vp = torch.randn(2, n, 7, 1, 16, generator=g).to(dtype)
+    out = window_kernel.window_attention(q_sm, k_sm, v_sm, 8, past=(kp, vp))
+    assert out.stride() == q_sm.stride()  # slice-major, as the queries
+    packed = window_kernel.window_attention(q_sm.contiguous(), k_sm.contiguous(), v_sm.contiguous(), 8,
+                                            past=(kp, vp))
+    assert packed.is_contiguous() and torch.equal(out, packed)
+    if dtype == torch.float32:
+        exact = reference(q_sm, torch.cat([kp, k_sm], 1), torch.cat([vp, v_sm], 1), 8)
+        torch.testing.assert_close(out.double(), exact, atol=2e-6, rtol=2e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("precision_", ["fp32", "bf16"])
+def test_the_slice_major_full_resolution_path_gives_the_column_major_paths_bits(monkeypatch, precision_):
+    # the shipped model's last block folds into the head, so its bands take the slice-major path;
+    # turned off, the same bands take the column-major one (one transposing copy): equal bits
+    from ctpore.models.weights import default_weights_path, load_model
+
+    model = load_model(default_weights_path())
+    vol = np.random.default_rng(3).standard_normal((20, 96, 80)).astype(np.float32)
+    calls = []
+    real = MultiHeadAttention.heads_slice_major
+
+    def counted(self, *a, **k):
+        out = real(self, *a, **k)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(MultiHeadAttention, "heads_slice_major", counted)
+    fast = predict(model, vol, chunk_slices=8, tile=64, precision=precision_)
+    assert calls and all(calls)
+    monkeypatch.setattr(MultiHeadAttention, "heads_slice_major", lambda self, *a, **k: None)
+    assert np.array_equal(fast, predict(model, vol, chunk_slices=8, tile=64, precision=precision_))
+
+
 def test_kernel_turned_off_by_the_environment(no_window_kernel):
     assert not window_kernel.available()
     k, v = torch.randn(2, 4, 4, 1, 16)

@@ -29,8 +29,8 @@ static int run_split(float *q, float *k, float *v, float *out, int64_t n0, int64
                      int64_t Zc, int64_t H, int64_t Hkv, int64_t W, int null_past) {
     const int64_t off = (Zc > 0 && Zc <= Zk ? Zc : 0) * Hkv * D;
     return ctpore_winattn_f32(q, k + off, v + off, out, null_past ? NULL : k, null_past ? NULL : v, n0, n1, Zq, Zk,
-                              Zc, H, Hkv, W, 0.25f, Zq * H * D, Zk * Hkv * D, Hkv * D, Zk * Hkv * D, Hkv * D,
-                              Zq * H * D, Zk * Hkv * D, Hkv * D, Zk * Hkv * D, Hkv * D);
+                              Zc, H, Hkv, W, 0.25f, Zq * H * D, H * D, Zk * Hkv * D, Hkv * D, Zk * Hkv * D, Hkv * D,
+                              Zq * H * D, H * D, Zk * Hkv * D, Hkv * D, Zk * Hkv * D, Hkv * D);
 }
 
 static int run(float *q, float *k, float *v, float *out, int64_t n0, int64_t n1, int64_t Zq, int64_t Zk, int64_t H,
