@@ -246,11 +246,11 @@ class MultiHeadAttention(nn.Module):
         v = v.view(b, z, self.n_kv_heads, self.head_dim)  # (B, Z, Hkv, D)
         return q, k, v
 
-    def heads_slice_major(self, x: torch.Tensor, pos_v: torch.Tensor | None, cache: KVCache,
+    def heads_slice_major(self, x: torch.Tensor, pos_v: torch.Tensor | None, cache: KVCache | None,
                           cache_rows: slice | None, n_rows: int) -> torch.Tensor | None:
         """The heads' outputs, concatenated (no output projection), of slice-major tokens ``x``
         ``(Zq, N, C)``, or None where this path does not apply (then call :meth:`forward` on
-        ``(N, Zq, C)``).
+        ``(N, Zq, C)``): it takes a look-back-window ``cache`` (None: not this path).
 
         For inference on CPU with a look-back-window KV cache and ctpore's C kernel: q, k and v stay
         in ``x``'s slice-major layout, the kernel reads them in place and writes ``(Zq, N, C)``, so
@@ -260,7 +260,7 @@ class MultiHeadAttention(nn.Module):
         from ctpore.models.window_kernel import available, window_attention
 
         if (torch.is_grad_enabled() or self.training or x.device.type != "cpu" or not x.is_contiguous()
-                or cache.window is None or not self.causal or self.window is None or not available()):
+                or cache is None or cache.window is None or not self.causal or self.window is None or not available()):
             return None
         z, n, c = x.shape
         w, bias = self.qkv.weight, self.qkv.bias

@@ -147,8 +147,13 @@ def test_the_slice_major_full_resolution_path_gives_the_column_major_paths_bits(
     monkeypatch.setattr(MultiHeadAttention, "heads_slice_major", counted)
     fast = predict(model, vol, chunk_slices=8, tile=64, precision=precision_)
     assert calls and all(calls)
+    x = torch.from_numpy(vol[None, :8, :64, :64].copy())
+    with torch.inference_mode():
+        whole = model(x)  # no KV cache: the column-major path, which the next lines compare with
     monkeypatch.setattr(MultiHeadAttention, "heads_slice_major", lambda self, *a, **k: None)
     assert np.array_equal(fast, predict(model, vol, chunk_slices=8, tile=64, precision=precision_))
+    with torch.inference_mode():
+        assert torch.equal(whole, model(x))
 
 
 def test_kernel_turned_off_by_the_environment(no_window_kernel):
