@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ctpore.errors import InputError
-from ctpore.pipelines.batch_cluster import require_cluster, start_cluster
+from ctpore.pipelines.batch_cluster import cuda_count, require_cluster, start_cluster
 from ctpore.pipelines.batch_logs import quiet_dask, warning_records
 from ctpore.pipelines.batch_manifest import ScanTask, check_stem_collisions, read_manifest, select_part
 from ctpore.pipelines.batch_split import SplitScans, scans_to_split
@@ -108,9 +108,11 @@ def split_options(task: ScanTask, options: dict) -> Optional[dict]:
     return {k: options[k] for k in taken if options.get(k) is not None}
 
 
-def run_task(task: ScanTask, outdir: str, options: dict, key: dict, client: Any = None) -> dict:
+def run_task(task: ScanTask, outdir: str, options: dict, key: dict, client: Any = None,
+             slab_resources: Optional[dict] = None) -> dict:
     """Reconstruct one scan (on a worker; or, with ``client``, split across its workers from the
-    driver: :func:`split_options` says whether it can). Never raises for the scan's own problems:
+    driver: :func:`split_options` says whether it can; each slab's prediction holding
+    ``slab_resources``, a GPU worker's ``{"GPU": 1}``). Never raises for the scan's own problems:
     returns the record of the report line (``status`` "done" with the metrics, "skipped" when
     another run finished it meanwhile, "held" with the ``holder`` when another run is writing it, or
     "failed" with the error). The scan's outputs are claimed before they are checked again and
@@ -139,7 +141,8 @@ def run_task(task: ScanTask, outdir: str, options: dict, key: dict, client: Any 
                         from ctpore.pipelines.split import reconstruct_split
 
                         out = reconstruct_split(task.scan, outdir, client, slice_axis=task.slice_axis, overwrite=True,
-                                                annotate=annotate, **split_options(task, options))
+                                                annotate=annotate, slab_resources=slab_resources,
+                                                **split_options(task, options))
                     else:
                         out = reconstruct_file(task.scan, outdir, truth=task.label, slice_axis=task.slice_axis,
                                                overwrite=True, annotate=annotate, **opts)
@@ -325,7 +328,8 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
         attempts: dict[str, int] = {}
         futures = {}
         n_workers = len(client.scheduler_info().get("workers", {}))
-        n_split = scans_to_split(len(todo), n_workers, not gpu)
+        # on GPU workers the driver (this process) plans the slabs' tiles for a GPU: it needs one too
+        n_split = scans_to_split(len(todo), n_workers, not gpu or cuda_count() > 0)
         if not all(split_options(t, options) for t in todo[len(todo) - n_split:]):
             n_split = 0
         whole, tail = todo[: len(todo) - n_split], todo[len(todo) - n_split:]
@@ -347,8 +351,9 @@ def _run_tasks(todo, outdir, options, key, result, ended, *, scheduler, workers,
             return f
 
         pending = as_completed([submit(t) for t in whole])
-        split = SplitScans(tail, lambda t: run_task(t, str(outdir), options, key, client=client), retries, end,
-                           on_retry).start()  # after the whole scans: their slabs queue behind those tasks
+        # after the whole scans: their slabs queue behind those tasks
+        split = SplitScans(tail, lambda t: run_task(t, str(outdir), options, key, client=client,
+                                                    slab_resources=resources), retries, end, on_retry).start()
         try:
             for fut in pending:
                 t = futures.pop(fut)

@@ -110,11 +110,14 @@ class _FitOutside:
         return True
 
 
-def _dask_map(client, progress: ProgressFn = None, stage: str = ""):
+def _dask_map(client, progress: ProgressFn = None, stage: str = "", resources: Optional[dict] = None):
+    """``run(fn, items)``: ``fn`` of every item on ``client``'s workers, each task holding
+    ``resources`` (Dask's worker resources, e.g. ``{"GPU": 1}``) while it runs; the results in order."""
     def run(fn, items):
         from distributed import as_completed
 
-        futures = client.map(fn, list(items), pure=False)
+        futures = client.map(fn, list(items), pure=False, resources=resources,
+                             key=f"ctpore-{stage.replace(' ', '-') or 'task'}")
         try:
             if progress is not None:
                 progress(0, len(futures), stage)  # the clock of the time left starts now
@@ -207,12 +210,14 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
                       min_pore_voxels: Optional[int] = None, sample: str = "auto", sample_margin: int = 0,
                       overwrite: bool = False, slab_slices: Optional[int] = None, chunk_slices: Optional[int] = None,
                       tile: Optional[int] = None, progress: ProgressFn = None, annotate: Optional[dict] = None,
-                      output_format: str = "ome-zarr") -> dict:
+                      output_format: str = "ome-zarr", slab_resources: Optional[dict] = None) -> dict:
     """Reconstruct one scan file with PoreFormer split into Z-slabs across ``client``'s workers (see
     the module docstring). ``slab_slices``: slices a slab (default: eight times the model's reach,
     rounded up to the stores' alignment, at least 1/2 of the slices per worker). ``output_format``:
     ``ome-zarr`` (the stores the slabs write), or ``nifti``: the stores are written in the work folder
     and the driver then streams each into its ``.nii.gz``, one serial pass (``stage_seconds.nifti``).
+    ``slab_resources``: the Dask worker resources each slab's prediction holds while it runs (on a
+    cluster of GPU workers ``{"GPU": 1}``: one slab per GPU at a time; the other steps are the CPU's).
     Other parameters as :func:`~ctpore.pipelines.reconstruct.reconstruct_file`.
 
     Returns
@@ -290,7 +295,7 @@ def reconstruct_split(scan_path: PathLike, outdir: PathLike, client, *, weights:
         with output_set(paths), _removed_on_bad_input(work, stores):
             _prepare_work(plan, work)
             clock = time.perf_counter()
-            done = _dask_map(client, progress, "slabs")(lambda ab: predict_slab(plan, *ab), slabs)
+            done = _dask_map(client, progress, "slabs", slab_resources)(lambda ab: predict_slab(plan, *ab), slabs)
             stages["predict"] = round(time.perf_counter() - clock, 3)
             clock, cpu = time.perf_counter(), time.process_time()
             counts = tuple(sum(d[k] for d in done) for k in ("outside", "region", "wall"))

@@ -380,3 +380,39 @@ def test_a_batch_splits_the_scans_of_its_last_partial_round(scans, tmp_path):
         single = runs[n][1]
         got = {k: tmp_path / "out" / Path(single[k]).name for k in ("pores", "prob", "sample", "metrics")}
         assert_same(single, {**got, "result": json.loads(got["metrics"].read_text())}, also_skip=("batch",))
+
+
+def test_a_batch_on_gpu_workers_splits_its_scan_with_each_slab_holding_a_gpu(scans, tmp_path, monkeypatch):
+    """Workers that advertise a GPU (as dask-cuda's and a SLURM recipe's do): the scan is split when this
+    process sees a GPU too (it plans the slabs' tiles for one; here it is said to, and the run is asked
+    for the CPU), each slab's prediction is submitted holding one GPU, and the outputs are the single
+    run's."""
+    import dask
+
+    import ctpore.pipelines.batch as batch
+
+    path, single = scans[1]["core.nii"]
+    manifest = tmp_path / "scans.txt"
+    manifest.write_text(f"{path}\n")
+    asked = []
+    real_map = distributed.Client.map
+
+    def recorded(self, fn, *a, **k):
+        asked.append((k.get("key"), k.get("resources")))
+        return real_map(self, fn, *a, **k)
+
+    monkeypatch.setattr(distributed.Client, "map", recorded)
+    monkeypatch.setattr(batch, "cuda_count", lambda: 1)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 3}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                     dashboard_address=None, resources={"GPU": 1}) as cluster, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = batch.run_batch(manifest, tmp_path / "out", scheduler=cluster.scheduler_address,
+                              options={"output_format": "ome-zarr", "device": "cpu"})
+    [rec] = res["records"]
+    assert rec["status"] == "done" and rec["split"], rec
+    assert ("ctpore-slabs", {"GPU": 1}) in asked  # the predictions hold a GPU
+    assert all(r is None for k, r in asked if k != "ctpore-slabs")  # the joins and passes do not
+    got = {k: tmp_path / "out" / Path(single[k]).name for k in ("pores", "prob", "sample", "metrics")}
+    assert_same(single, {**got, "result": json.loads(got["metrics"].read_text())}, also_skip=("batch",))
