@@ -29,7 +29,7 @@ from ctpore.app.console import error as _error
 from ctpore.app.console import resource_error as _resource_error
 from ctpore.app.console import show_warning as _show_warning
 from ctpore.errors import InputError
-from ctpore.runtime import tune_allocator
+from ctpore.runtime import quiet_openmp, tune_allocator
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,6 +52,7 @@ def main(argv=None) -> None:
     # Reuse freed memory instead of faulting in fresh pages for every chunk's activations
     # (ctpore.runtime says why). Process-wide, so the command sets it, never the library.
     tune_allocator()
+    quiet_openmp()  # before torch loads: idle OpenMP threads sleep (ctpore.runtime says why)
     warnings.showwarning = _show_warning  # ctpore's warnings as one line each, on stderr
     try:
         _main(argv)

@@ -36,6 +36,7 @@ import numpy as np
 from ctpore.atomic import atomic_write, write_json_atomic, write_lines_atomic
 from ctpore.errors import InputError
 from ctpore.progress import ProgressFn
+from ctpore.runtime import openmp_policy_is_ours
 
 __all__ = ["bench_speed", "gpu_section", "write_performance", "poreformer_flops_per_voxel", "matmul_peak"]
 
@@ -89,6 +90,8 @@ def _machine() -> str:
 def _run(cmd: list[str]) -> tuple[float, int]:
     """Wall seconds and peak resident memory (bytes) of one process running ``cmd``."""
     env = dict(os.environ, CTPORE_NO_PROGRESS="1")
+    if openmp_policy_is_ours():  # each program as its users run it: ctpore's command sets its own
+        env.pop("OMP_WAIT_POLICY", None)
     proc = subprocess.run([sys.executable, "-c", _LAUNCHER, *cmd], capture_output=True, text=True, env=env,
                           check=False)
     try:
