@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 __all__ = ["tune_allocator", "quiet_openmp", "openmp_policy_is_ours", "current_rss"]
@@ -52,8 +53,6 @@ def current_rss() -> int:
     """
     try:
         with open("/proc/self/statm") as fh:
-            import os
-
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
@@ -74,8 +73,6 @@ def quiet_openmp() -> bool:
     other programs without it (:func:`openmp_policy_is_ours`). ``OMP_WAIT_POLICY=ACTIVE`` restores
     the spinning.
     """
-    import os
-
     if "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
         return False
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"

@@ -263,14 +263,8 @@ class MultiHeadAttention(nn.Module):
                 or cache is None or cache.window is None or not self.causal or self.window is None or not available()):
             return None
         z, n, c = x.shape
-        w, bias = self.qkv.weight, self.qkv.bias
-        q = F.linear(x, w[:c], None if bias is None else bias[:c])  # (Zq, N, H*D)
-        k, v = F.linear(x, w[c:], None if bias is None else bias[c:]).split(self.kv_dim, dim=-1)
-        if pos_v is not None:
-            v.add_(pos_v.unsqueeze(1))  # per slice, as forward adds it
-        q = q.view(z, n, self.n_heads, self.head_dim).transpose(0, 1)  # (N, Zq, H, D) views
-        k = k.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(0, 1)
-        v = v.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(0, 1)
+        # project's products on (Zq, N) rows (each token's own), the z term per slice; (N, Zq, ...) views
+        q, k, v = (t.transpose(0, 1) for t in self.project(x, None if pos_v is None else pos_v.unsqueeze(1)))
         out = window_attention(q, k, v, self.window, cache.past(cache_rows))
         if out is None:
             return None

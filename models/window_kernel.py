@@ -108,8 +108,8 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     Returns
     -------
     torch.Tensor or None
-        ``(N, Zq, H, D)`` in ``q``'s dtype, laid out as ``q`` where ``q`` is dense with its heads
-        packed (a view of a slice-major ``(Zq, N, H, D)`` query gives one of such an output); None
+        ``(N, Zq, H, D)`` in ``q``'s dtype, contiguous, or a view of a contiguous ``(Zq, N, H, D)``
+        where ``q`` is slice-major (its slice stride above its column stride); None
         when the kernel is not built, the shapes are not the ones it is written for (``D`` not 16, a
         window outside 1..32, more queries than keys, no key/value head or ``H`` not a multiple of
         ``Hkv``), any tensor is not on the CPU or not fp32/bf16, or needs a gradient (PyTorch's
@@ -137,9 +137,10 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     if zq < 1 or zk < zq or d != HEAD_SIZE or not 1 <= window <= MAX_WINDOW:
         return None
     q, k, v, kp, vp = (_heads_packed(t) for t in (q, k, v, kp, vp))
-    out = torch.empty_like(q)  # in q's layout where it is dense (a slice-major q gives a slice-major out)
-    if out.stride(3) != 1 or (h > 1 and out.stride(2) != d):
-        out = torch.empty(q.shape, dtype=q.dtype)
+    if q.stride(1) > q.stride(0):  # slice-major queries (a view of (Zq, N, H, D)): a slice-major output
+        out = torch.empty((zq, n, h, d), dtype=q.dtype).transpose(0, 1)
+    else:
+        out = torch.empty((n, zq, h, d), dtype=q.dtype)
     fn = lib.ctpore_winattn_bf16 if q.dtype == torch.bfloat16 else lib.ctpore_winattn_f32
     args = (zq, zk, zc, h, hkv, int(window), 1.0 / math.sqrt(d), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), out.stride(0), out.stride(1), kp.stride(0), kp.stride(1), vp.stride(0),

@@ -94,3 +94,13 @@ def test_the_performance_page_rewritten_keeps_its_command_and_takes_the_gpu_sect
     gpu = json.loads((DOCS / "gpu.json").read_text())
     assert "No CUDA GPU was available" not in page and gpu["versions"]["gpu"] in page
     assert f"{gpu['speed']['voxels_per_s']:.3g}" in page
+
+
+def test_the_split_benchs_timed_scripts_report_through_a_file_and_a_failed_one_says_so():
+    # the child's report is a file it writes, not a line of its stdout, which the run's own output shares
+    from ctpore.pipelines.bench import split as bench
+
+    got = bench._run("import json, resource, sys\nprint('RESULT {}')\nwall = 0.25\nr = {'result': {'porosity': 0.3}}\n")
+    assert got["wall"] == 0.25 and got["metrics"] == {"porosity": 0.3} and got["cpu"] > 0
+    with pytest.raises(RuntimeError, match="the timed run failed"):
+        bench._run("import sys\nraise SystemExit('no scan here')\n")

@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -36,23 +37,21 @@ MODEL_SIDES = (2048, 4096)
 MODEL_NODES = (1, 4, 16, 64)
 
 _SINGLE = """
-import json, resource, time, warnings
+import json, resource, sys, time, warnings
 warnings.simplefilter("ignore")
-from ctpore.runtime import tune_allocator
-tune_allocator()  # as the ctpore command does
+from ctpore.runtime import quiet_openmp, tune_allocator
+tune_allocator(); quiet_openmp()  # as the ctpore command does
 from ctpore.pipelines.reconstruct import reconstruct_file
 t = time.perf_counter()
 r = reconstruct_file({scan!r}, {out!r}, output_format="ome-zarr", overwrite=True)
 wall = time.perf_counter() - t
-ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-print("RESULT", json.dumps({{"wall": wall, "cpu": sum(u.ru_utime + u.ru_stime for u in ru), "metrics": r["result"]}}))
 """
 
 _SPLIT = """
-import json, resource, time, warnings
+import json, resource, sys, time, warnings
 warnings.simplefilter("ignore")
-from ctpore.runtime import tune_allocator
-tune_allocator()  # as the ctpore command does (the workers tune their own)
+from ctpore.runtime import quiet_openmp, tune_allocator
+tune_allocator(); quiet_openmp()  # as the ctpore command does (the workers tune their allocator)
 from ctpore.pipelines.batch_cluster import start_cluster
 from ctpore.pipelines.split import reconstruct_split
 client, cluster, _ = start_cluster(None, {workers}, 1, retries=3)
@@ -60,17 +59,26 @@ t = time.perf_counter()
 r = reconstruct_split({scan!r}, {out!r}, client, overwrite=True, slab_slices={slab})
 wall = time.perf_counter() - t
 client.close(); cluster.close()
+"""
+
+
+#: The end of both timed scripts: the wall and CPU seconds and the metrics, as JSON into the file
+#: named by the script's first argument (the parent reads it; stdout is the run's own).
+_REPORT = """
 ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-print("RESULT", json.dumps({{"wall": wall, "cpu": sum(u.ru_utime + u.ru_stime for u in ru), "metrics": r["result"]}}))
+with open(sys.argv[1], "w") as fh:
+    json.dump({"wall": wall, "cpu": sum(u.ru_utime + u.ru_stime for u in ru), "metrics": r["result"]}, fh)
 """
 
 
 def _run(code: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, "CTPORE_NO_PROGRESS": "1"})
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+    """Run one timed script (:data:`_SINGLE` or :data:`_SPLIT`, filled in) in its own process; its report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "result.json"
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code) + _REPORT, str(report)],
+                              capture_output=True, text=True, env={**os.environ, "CTPORE_NO_PROGRESS": "1"})
+        if proc.returncode == 0 and report.is_file():
+            return json.loads(report.read_text())
     raise RuntimeError(f"the timed run failed:\n{proc.stderr[-3000:]}")
 
 
