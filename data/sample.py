@@ -214,10 +214,12 @@ class SampleFit:
         if wall is None:
             return None
         n, ny, nx = shape
-        outer = wall["outer"]
-        return np.stack([outer.inside(float(z0 + i), (ny, nx), self.spacing_mm[1:])
-                         & ~outer.inside(float(z0 + i), (ny, nx), self.spacing_mm[1:], shrink_mm=wall["thickness_mm"])
-                         for i in range(n)])
+        outer, sp = wall["outer"], self.spacing_mm[1:]
+        # the wall's own surfaces about the outer fit's axis: its outer one may lie a little beyond the
+        # outermost surface found (where that surface was the sample's, the wall darker than it)
+        out, inn = outer.radius_mm - wall["r_out"], outer.radius_mm - wall["r_in"]
+        return np.stack([outer.inside(float(z0 + i), (ny, nx), sp, shrink_mm=out)
+                         & ~outer.inside(float(z0 + i), (ny, nx), sp, shrink_mm=inn) for i in range(n)])
 
     def _length(self, units_known: bool) -> tuple[float, str]:
         """(factor, unit) for the fit's lengths: mm, or voxels (of the in-plane pixel) when the scan
