@@ -53,7 +53,7 @@ from typing import Optional
 import numpy as np
 
 from ctpore.data.binary import erode_diamond
-from ctpore.data.envelope import Envelope, fit_envelope, sample_slices
+from ctpore.data.envelope import CYLINDER_SPREAD, CYLINDER_SPREAD_REL, Envelope, fit_envelope, sample_slices
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
 from ctpore.data.profiles import PROFILE_PIXELS
 
@@ -118,7 +118,11 @@ class SampleFit:
         # just outside a cylinder
         seen = env.points + env.cut >= 0.5 * max(env.sectors, 1)
         if self.kind == "cylinder":
-            return env.points >= 8 and seen and self.checks.get("stray", 0.0) <= 0.2
+            # inside a wall the sample stays a cylinder however its surface points spread: they must
+            # still spread little about it (twice what makes a sample in air a cylinder)
+            px = min(self.spacing_mm[1:])
+            held = env.spread_vox <= 2.0 * max(CYLINDER_SPREAD, CYLINDER_SPREAD_REL * env.cylinder.radius_mm / px)
+            return env.points >= 8 and seen and held and self.checks.get("stray", 0.0) <= 0.2
         if self.kind == "outline":
             return seen
         return True

@@ -227,3 +227,22 @@ def test_a_touching_walls_inner_surface_is_not_fitted_inside_the_core():
         errors.append((wall["r_in"] - scene.radius_mm - scene.gap_mm) / VOXEL_MM)  # about the wall's axis
     assert len(errors) >= 14, f"a wall was found in {len(errors)} of 16"
     assert abs(float(np.mean(errors))) <= 0.12, np.round(errors, 2)
+
+
+def test_a_sample_whose_fit_inside_its_wall_does_not_hold_together_is_uncertain():
+    """Inside a wall the sample stays a cylinder however its surface points spread about it (no
+    outline is tried there). When they spread by several voxels the cylinder is no surface of the
+    sample, and the result must say it is uncertain, not report a porosity as if it were sure.
+    Development scene 2609164 (of ``ctpore bench sample``'s scenes): a core touching a bright
+    tube whose inner fit spread by 8 voxels (IoU 0.74) and was called confident. A scene whose fit
+    holds (3000 + the set-up's index, as above) stays confident."""
+    from ctpore.data.sample import find_sample
+
+    scan, _truth, true_sample, scene = scene_scan("tube-touching", 2609164)
+    fit = find_sample(scan, scene.spacing_mm)
+    assert fit.kind == "cylinder" and fit.envelope.wall is not None
+    assert fit.envelope.spread_vox > 3.0 and not fit.confident
+    assert fit.info()["confident"] is False
+    scan, _truth, true_sample, scene = scene_scan("tube-touching", 3000 + SETUPS.index("tube-touching"))
+    fit = find_sample(scan, scene.spacing_mm)
+    assert fit.envelope.wall is not None and fit.confident
