@@ -18,7 +18,7 @@ import numpy as np
 from ctpore.data.io import Geometry, Scan
 from ctpore.data.metrics import MSE_OF_BINARY, MSE_OF_PROBABILITY, MetricsAccumulator
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
-from ctpore.data.rim import RimCheck, clear_rim
+from ctpore.data.rim import RIM, RimCheck, clear_rim
 from ctpore.errors import CtporeWarning
 from ctpore.pipelines.budget import plan_run
 from ctpore.pipelines.outputs import run_fields
@@ -198,7 +198,8 @@ def run_metrics(acc: MetricsAccumulator, geometry: Geometry, method: str, info: 
         metrics["sample"]["rim_check"] = check
         if check["differs"]:
             metrics["sample"]["confident"] = False
-            warnings.warn(f"{source}: the found sample's outer voxels differ from its inside (porosity "
+            rim_p = "" if check["rim_porosity"] is None else f"{check['rim_porosity']:.3f} in its outer {RIM} voxels, "
+            warnings.warn(f"{source}: the found sample's outer voxels differ from its inside (porosity {rim_p}"
                           f"{check['shell_porosity']:.3f} a few voxels under its surface, "
                           f"{check['inside_porosity']:.3f} inside): a container wall or an air gap may be counted "
                           "as sample; check "

@@ -1,0 +1,59 @@
+"""The check of a found sample's outer voxels against its inside (:class:`ctpore.data.rim.RimCheck`):
+a container wall counted as sample has no pores, and where it is thinner than the shell the check
+reads (a few voxels under the surface), the rim itself shows it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ctpore.data.rim import RIM, RIM_SHARE, RimCheck
+
+
+def core(pore_free_layer: int, porosity: float = 0.2, seed: int = 0):
+    """(pores, outside) of 8 slices of a core of radius 40 in air whose pores are spread at random,
+    but none in its outer ``pore_free_layer`` voxels (a wall of that thickness counted as sample)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.indices((96, 96))
+    r = np.hypot(yy - 47.5, xx - 47.5)
+    outside = np.broadcast_to(r > 40, (8, 96, 96)).copy()
+    pores = (rng.random((8, 96, 96)) < porosity) & ~outside
+    pores &= r <= 40 - pore_free_layer
+    return pores, outside
+
+
+def check(pores, outside) -> dict:
+    rc = RimCheck()
+    for p, o in zip(pores, outside):
+        rc.add(p, o)
+    return rc.result()
+
+
+def test_a_core_with_pores_to_its_surface_passes():
+    res = check(*core(0))
+    assert not res["differs"]
+    assert res["rim_porosity"] == pytest.approx(0.2, abs=0.03)
+    assert res["inside_porosity"] == pytest.approx(0.2, abs=0.02)
+
+
+@pytest.mark.parametrize("thickness", [RIM, RIM + 4])
+def test_a_pore_free_wall_counted_as_sample_is_seen_in_the_rim_or_the_shell(thickness):
+    res = check(*core(thickness))
+    assert res["differs"]
+    assert res["rim_porosity"] < RIM_SHARE * res["inside_porosity"]
+    if thickness == RIM:  # the shell under the rim holds pores: only the rim shows the thin wall
+        assert res["shell_porosity"] >= 0.25 * res["inside_porosity"]
+
+
+def test_a_sample_almost_without_pores_is_not_judged():
+    res = check(*core(RIM, porosity=0.01))
+    assert not res["differs"]
+
+
+def test_the_rim_is_judged_only_across_a_surface():
+    """Where the outside is across no surface (a wall touching the sample, a cut: code 2), its
+    outer voxels are no rim."""
+    pores, outside = core(RIM)
+    codes = np.where(outside, 2, 0).astype(np.uint8)
+    res = check(pores, codes)
+    assert res["rim_porosity"] is None and not res["differs"]
