@@ -41,14 +41,22 @@ class Outline:
 
     def judge_block(self, slices, valid) -> "Outline":
         """This outline with ``block`` decided once for the scan, on the fit's slices: a block when
-        the hulls of at least half of them fill :data:`BLOCK_FILL` of their smallest rectangle."""
+        the hulls of at least half of them fill :data:`BLOCK_FILL` of their smallest rectangle, or
+        the hull of their material together does (large pores open at a block's corners cut each
+        slice's hull to an octagon, but not in every slice at once)."""
         votes = []
         half = 0.5 * (self.air + self.material)
+        union = None
         for sl, v in zip(slices, valid):
             gate, _ = self._gate(sl[None], [v])
             m = (smooth_masked(sl, v) > half) & gate
-            votes.append(_block_fill(ndi.binary_opening(m if v is None else m & v)))
-        return replace(self, block=bool(np.mean([f >= BLOCK_FILL for f in votes]) >= 0.5) if votes else None)
+            m = ndi.binary_opening(m if v is None else m & v)
+            votes.append(_block_fill(m))
+            union = m if union is None else union | m
+        if not votes:
+            return replace(self, block=None)
+        block = np.mean([f >= BLOCK_FILL for f in votes]) >= 0.5 or _block_fill(union) >= BLOCK_FILL
+        return replace(self, block=bool(block))
 
     def _gate(self, slab: np.ndarray, ok: list) -> tuple[np.ndarray, np.ndarray]:
         """Bool ``(Y, X)``, and the slab's mean: where the sample may be in this slab: the slab's mean grey values (the

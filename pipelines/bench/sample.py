@@ -146,10 +146,12 @@ def _settings() -> str:
     return (f"The fit reads {MAX_SLICES} slices spread along the scan. A cylinder describes the sample when its "
             f"surface points spread about it by at most {CYLINDER_SPREAD} voxels or {100 * CYLINDER_SPREAD_REL:g}% "
             "of its radius (whichever is more); otherwise each slab's outline is the convex hull of its material, "
-            f"or the smallest rectangle around it when the hull fills {100 * BLOCK_FILL:g}% of it (a block). "
+            f"or the smallest rectangle around it when the hull fills {100 * BLOCK_FILL:g}% of it in half the fit's "
+            "slices, or the hull of their material together does (a block). "
             f"A pore voxel within {RIM} voxels of the surface counts only where it joins a pore deeper in. A tilt of "
             "the core's axis is kept where the surface points spread less about it than about a straight axis. The rim "
-            f"check compares the porosity {SHELL[0]} to {SHELL[1]} voxels under the surface with the inside's.")
+            f"check compares the porosity {SHELL[0]} to {SHELL[1]} voxels under the surface, and in the outer {RIM}, "
+            "with the inside's.")
 
 
 def _timing_lines(timings: dict) -> list[str]:
