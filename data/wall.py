@@ -74,6 +74,9 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`); and when it is between 1.5 voxels and a
     quarter of the radius thick (and not at either limit of the fit), holds the sample (to 1.5 voxels, or to the
     blur of the sample's surface where that is more) and is seen all around (in 60% of the sectors).
+    Where the best fit has the sample's disc reaching into the wall beyond that (their levels added
+    where they overlap, which no sample does), it is fitted again with the disc held inside the wall,
+    and such a wall must be no more textured than the sample.
     """
     from scipy.optimize import least_squares
     from scipy.special import ndtr
@@ -149,8 +152,29 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
         sol = least_squares(lambda p: solve(wall_basis(p))[0], x0, bounds=(lo, hi), max_nfev=100, loss=LOSS)
         if best is None or sol.cost < best.cost:
             best = sol
-    rss2 = 2.0 * float(best.cost)
     thickness, r_out, share, dy, dx, r_s, sig_s = (float(v) for v in best.x)
+    held_in = r_out - thickness - (r_s + math.hypot(dy, dx)) < -max(1.5 * px, sig_s)
+    if held_in:
+        # the sample's disc reaches into the wall, where the two levels add up: no sample does that.
+        # Fit again with the disc held inside the wall's inner surface (its gap to it, >= 0, fitted);
+        # such a wall must be no more textured than the sample (the outer layer of a core in air,
+        # explained as a wall of a level of its own, is as textured as the core or more)
+        def held(q):
+            p = np.array(q, float)
+            p[5] = q[1] - q[0] - math.hypot(q[3], q[4]) - q[5]
+            return p
+
+        lo_h, hi_h = lo.copy(), hi.copy()
+        lo_h[5], hi_h[5] = 0.0, 0.5 * r1
+        x0 = best.x.copy()
+        x0[5] = 0.0
+        x0 = np.clip(x0, lo_h + 1e-6 * (hi_h - lo_h), hi_h - 1e-6 * (hi_h - lo_h))
+        sol = least_squares(lambda q: solve(wall_basis(held(q)))[0], x0, bounds=(lo_h, hi_h), max_nfev=100,
+                            loss=LOSS)
+        best = sol
+        best.x = held(sol.x)
+        thickness, r_out, share, dy, dx, r_s, sig_s = (float(v) for v in best.x)
+    rss2 = 2.0 * float(best.cost)
     sig = share * sig_s
     r_in = r_out - thickness
     _, levels = solve(wall_basis(best.x))
@@ -166,7 +190,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     evidence = distinct and (gain >= 25.0 or (gain >= 5.0 and own) or (gain >= 1.5 and w_v <= CLEARLY_UNIFORM * s_v))
     at_bound = thickness <= lo[0] * 1.02 or thickness >= hi[0] * 0.98  # the fit ran into its limits: no wall
     holds = gap >= -max(1.5 * px, sig_s)  # the sample within the wall, to its surface's blur
-    if not (evidence and not at_bound and holds and w_m > 0 and seen >= 0.6):
+    uniform = w_v <= s_v or not held_in
+    if not (evidence and uniform and not at_bound and holds and w_m > 0 and seen >= 0.6):
         return None
     return {"outer": cyl, "r_in": r_in, "r_out": r_out, "thickness_mm": thickness,
             "level": w_m * scat[0] + air, "blur_mm": sig, "fit_gain": rss1 / max(rss2, 1e-12)}
