@@ -71,9 +71,11 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     cost, per sector. A wall is taken when the gain is at least 25, or at least 5 and the wall is
     uniform (its variance above the air's at most 0.7 of the sample's), apart from the sample (an
     air gap of 1.5 voxels) or of a level of its own (two scatters from the sample's), or at least 1.5
-    and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`); and when it is between 1.5 voxels and a
-    quarter of the radius thick (and not at either limit of the fit), holds the sample (to 1.5 voxels, or to the
-    blur of the sample's surface where that is more) and is seen all around (in 60% of the sectors).
+    and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`); when it differs from the sample
+    (:data:`DISTINCT_LEVEL`, :data:`DISTINCT_TEXTURE`); and when it is between 1.5 voxels and a
+    quarter of the radius thick (and not at either limit of the fit), holds the sample (to 1.5
+    voxels, or to the blur of the sample's surface where that is more) and is seen all around (in
+    60% of the sectors).
     Where the best fit has the sample's disc reaching into the wall beyond that (their levels added
     where they overlap, which no sample does), it is fitted again with the disc held inside the wall,
     and such a wall must be no more textured than the sample.
@@ -105,11 +107,10 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
 
     def solve(basis):
         """Residuals of both channels with their levels solved by least squares on ``basis`` (the
-        sample's disc last). The
-        variance channel sees the sample's disc to the power :data:`TEXTURE_POWER`: the scanner's
-        blur mixes the sample's texture with what lies beyond its surface, so the variance falls
-        inside the surface, as the square of the sample's share for a texture coarser than the blur
-        and as the share itself for one much finer."""
+        sample's disc last). The variance channel sees the sample's disc to the power
+        :data:`TEXTURE_POWER`: the scanner's blur mixes the sample's texture with what lies beyond
+        its surface, so the variance falls inside the surface, as the square of the sample's share
+        for a texture coarser than the blur and as the share itself for one much finer."""
         res = []
         levels = []
         for y, power in zip(ys, (1.0, TEXTURE_POWER)):
