@@ -42,7 +42,7 @@ from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles,
 from ctpore.data.wall import fit_wall, inner_points
 
 __all__ = ["CYLINDER_SPREAD", "CYLINDER_SPREAD_REL", "MAX_SLICES", "Cylinder", "Envelope",
-           "fit_envelope", "sample_slices", "smooth_masked"]
+           "cylinder_spread_limit", "fit_envelope", "sample_slices", "smooth_masked"]
 
 #: Slices read to fit the envelope (evenly spaced along Z).
 MAX_SLICES = 16
@@ -50,6 +50,12 @@ MAX_SLICES = 16
 #: A cylinder describes the sample when its surface points spread about it by at most this many
 #: voxels, or this share of its radius (whichever is more); else the outline is taken.
 CYLINDER_SPREAD, CYLINDER_SPREAD_REL = 1.5, 0.02
+
+
+def cylinder_spread_limit(radius_mm: float, px: float) -> float:
+    """The most a cylinder's surface points may spread about it (voxels) for it to describe a sample
+    of radius ``radius_mm`` (``px``: the in-plane voxel, mm)."""
+    return max(CYLINDER_SPREAD, CYLINDER_SPREAD_REL * radius_mm / px)
 
 #: A sector is about this many voxels of arc at the sample's surface (between 24 and 180 sectors).
 _ARC = 8.0
@@ -234,7 +240,7 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         return Envelope("none", levels=levels, sectors=n_sectors,
                         notes=["no sector shows air outside the material"])
     spread = _mad(res) / px
-    cylinder_like = spread <= max(CYLINDER_SPREAD, CYLINDER_SPREAD_REL * fitted.radius_mm / px)
+    cylinder_like = spread <= cylinder_spread_limit(fitted.radius_mm, px)
     tilted = _drift(slices, valid, zs, spacing, fitted, r_max, n_sectors, air, rise) if cylinder_like else fitted
     if tilted is not fitted:  # refit about the drifting axis
         again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, tilted, r_max, outer, rounds=2)
@@ -272,7 +278,7 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         env.cylinder, env.wall, env.points, env.sectors = sample, wall, int(len(res)), n_sectors
     mad = 1.4826 * float(np.median(np.abs(res - np.median(res)))) if res.size else float("nan")
     env.spread_vox = mad / px
-    if env.wall is None and not env.spread_vox <= max(CYLINDER_SPREAD, CYLINDER_SPREAD_REL * fitted.radius_mm / px):
+    if env.wall is None and not env.spread_vox <= cylinder_spread_limit(fitted.radius_mm, px):
         # not a cylinder: the outline of each slab (a block, a prism)
         k = int(np.clip(2 * np.pi * fitted.radius_mm / (4.0 * px), 64, 360))
         env.kind = "outline"

@@ -53,7 +53,7 @@ from typing import Optional
 import numpy as np
 
 from ctpore.data.binary import erode_diamond
-from ctpore.data.envelope import CYLINDER_SPREAD, CYLINDER_SPREAD_REL, Envelope, fit_envelope, sample_slices
+from ctpore.data.envelope import Envelope, cylinder_spread_limit, fit_envelope, sample_slices
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
 from ctpore.data.profiles import PROFILE_PIXELS
 
@@ -120,8 +120,7 @@ class SampleFit:
         if self.kind == "cylinder":
             # inside a wall the sample stays a cylinder however its surface points spread: they must
             # still spread little about it (twice what makes a sample in air a cylinder)
-            px = min(self.spacing_mm[1:])
-            held = env.spread_vox <= 2.0 * max(CYLINDER_SPREAD, CYLINDER_SPREAD_REL * env.cylinder.radius_mm / px)
+            held = env.spread_vox <= 2.0 * cylinder_spread_limit(env.cylinder.radius_mm, min(self.spacing_mm[1:]))
             return env.points >= 8 and seen and held and self.checks.get("stray", 0.0) <= 0.2
         if self.kind == "outline":
             return seen

@@ -153,8 +153,13 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
         sol = least_squares(lambda p: solve(wall_basis(p))[0], x0, bounds=(lo, hi), max_nfev=100, loss=LOSS)
         if best is None or sol.cost < best.cost:
             best = sol
-    thickness, r_out, share, dy, dx, r_s, sig_s = (float(v) for v in best.x)
-    held_in = r_out - thickness - (r_s + math.hypot(dy, dx)) < -max(1.5 * px, sig_s)
+    def gap_of(x):  # the narrowest air between the wall and the sample
+        return x[1] - x[0] - (x[5] + math.hypot(x[3], x[4]))
+
+    def holds(x):  # the sample within the wall, to its surface's blur
+        return gap_of(x) >= -max(1.5 * px, x[6])
+
+    held_in = not holds(best.x)
     if held_in:
         # the sample's disc reaches into the wall, where the two levels add up: no sample does that.
         # Fit again with the disc held inside the wall's inner surface (its gap to it, >= 0, fitted);
@@ -174,13 +179,13 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
                             loss=LOSS)
         best = sol
         best.x = held(sol.x)
-        thickness, r_out, share, dy, dx, r_s, sig_s = (float(v) for v in best.x)
+    thickness, r_out, share, dy, dx, r_s, sig_s = (float(v) for v in best.x)
     rss2 = 2.0 * float(best.cost)
     sig = share * sig_s
     r_in = r_out - thickness
     _, levels = solve(wall_basis(best.x))
     (w_m, s_m), (w_v, s_v) = levels[0], levels[1]  # in units of the sample's scatter
-    gap = r_in - (r_s + math.hypot(dy, dx))  # the narrowest air between the wall and the sample
+    gap = gap_of(best.x)
     # a wall is uniform, or apart from the sample, or of a level of its own
     own = w_v <= 0.7 * s_v or gap >= 1.5 * px or abs(w_m - s_m) >= 2.0
     mid = min(int(0.5 * (r_in + r_out) / prof.step), prof.nb - 1)
@@ -190,9 +195,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     distinct = gap >= 1.5 * px or abs(w_m - s_m) >= DISTINCT_LEVEL or s_v - w_v >= DISTINCT_TEXTURE
     evidence = distinct and (gain >= 25.0 or (gain >= 5.0 and own) or (gain >= 1.5 and w_v <= CLEARLY_UNIFORM * s_v))
     at_bound = thickness <= lo[0] * 1.02 or thickness >= hi[0] * 0.98  # the fit ran into its limits: no wall
-    holds = gap >= -max(1.5 * px, sig_s)  # the sample within the wall, to its surface's blur
     uniform = w_v <= s_v or not held_in
-    if not (evidence and uniform and not at_bound and holds and w_m > 0 and seen >= 0.6):
+    if not (evidence and uniform and not at_bound and holds(best.x) and w_m > 0 and seen >= 0.6):
         return None
     return {"outer": cyl, "r_in": r_in, "r_out": r_out, "thickness_mm": thickness,
             "level": w_m * scat[0] + air, "blur_mm": sig, "fit_gain": rss1 / max(rss2, 1e-12)}

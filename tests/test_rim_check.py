@@ -52,8 +52,21 @@ def test_a_sample_almost_without_pores_is_not_judged():
 
 def test_the_rim_is_judged_only_across_a_surface():
     """Where the outside is across no surface (a wall touching the sample, a cut: code 2), its
-    outer voxels are no rim."""
-    pores, outside = core(RIM)
-    codes = np.where(outside, 2, 0).astype(np.uint8)
+    outer voxels are no rim: a core whose left half faces air (code 1) and whose right half touches
+    its tube (code 2), with no pore in the outer voxels of that right half, shows the rim's porosity
+    of its left half only (0.2; half of that were the right half's rim judged too)."""
+    pores, outside = core(0)
+    right = np.zeros(outside.shape, bool)
+    right[..., 48:] = True
+    rim = ~outside & ~_deeper_than(outside, RIM)
+    pores &= ~(right & rim)  # no pore in the right half's rim
+    codes = np.where(outside, np.where(right, 2, 1), 0).astype(np.uint8)
     res = check(pores, codes)
-    assert res["rim_porosity"] is None and not res["differs"]
+    assert res["rim_porosity"] == pytest.approx(0.2, abs=0.03) and not res["differs"]
+
+
+def _deeper_than(outside: np.ndarray, depth: int) -> np.ndarray:
+    """The voxels more than ``depth`` voxels (4-connected, in-slice) from ``outside``."""
+    from scipy import ndimage as ndi
+
+    return np.stack([ndi.binary_erosion(~o, iterations=depth, border_value=1) for o in outside])
