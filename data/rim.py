@@ -31,14 +31,15 @@ RIM = 3
 _CROSS = ndi.generate_binary_structure(2, 1)
 
 
-def _surface(outside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _surface(outside: np.ndarray, wall: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(outside, across the surface) from a bool outside (all of it across the surface) or from the
-    codes of :meth:`ctpore.data.sample.SampleFit.outside` (1: across the sample's surface; 2: across
-    no surface, such as a field of view's cut or a margin taken off)."""
+    codes of :meth:`ctpore.data.sample.SampleFit.outside` (1: across the sample's surface facing air;
+    2: across no surface, such as a field of view's cut or a margin taken off; 3: a container's wall
+    touching the sample, across the surface where ``wall``)."""
     outside = np.asarray(outside)
     if outside.dtype == bool:
         return outside, outside
-    return outside > 0, outside == 1
+    return outside > 0, (outside == 1) | (outside == 3) if wall else outside == 1
 
 
 def clear_rim(prob: np.ndarray, outside: np.ndarray, threshold: float = 0.5) -> np.ndarray:
@@ -85,8 +86,8 @@ class RimCheck:
 
     def add(self, pores: np.ndarray, outside: np.ndarray) -> None:
         """One slice: its pores and its outside (bool, or the outside's codes, ``(Y, X)``; depths
-        are from the sample's surface only)."""
-        outside, across = _surface(outside)
+        are from the sample's surface facing air only)."""
+        outside, across = _surface(outside, wall=False)
         inside = ~outside
         r = ndi.binary_erosion(~across, _CROSS, iterations=RIM, border_value=1)
         a = ndi.binary_erosion(r, _CROSS, iterations=SHELL[0] - RIM, border_value=1)

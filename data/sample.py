@@ -57,14 +57,16 @@ from ctpore.data.envelope import Envelope, cylinder_spread_limit, fit_envelope, 
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
 from ctpore.data.profiles import PROFILE_PIXELS
 
-__all__ = ["AIR_SLICE", "BEYOND", "KINDS", "SURFACE", "SampleFit", "find_sample"]
+__all__ = ["AIR_SLICE", "BEYOND", "KINDS", "SURFACE", "WALL", "SampleFit", "find_sample"]
 
 #: What :attr:`SampleFit.kind` may be.
 KINDS = ("none", "constant", "cylinder", "outline", "dark")
 
-#: The codes of :meth:`SampleFit.outside`: outside across the sample's surface, and outside across
-#: no surface (a field of view's cut, a margin taken off). 0 is the sample.
-SURFACE, BEYOND = 1, 2
+#: The codes of :meth:`SampleFit.outside` (0 is the sample): outside across the sample's surface facing
+#: air; across no surface (a field of view's cut, a margin taken off); a container's wall or a gap too
+#: thin to show air: the voxels the sample shares with a grey wall, or with such a gap, are darker than
+#: its material, a rim like air's (:func:`~ctpore.data.rim.clear_rim` clears both; the check reads air's).
+SURFACE, BEYOND, WALL = 1, 2, 3
 
 #: A slice whose voxels inside the shape average less than this share of the way from the air's
 #: grey level to the material's is air (above or below the sample), not sample.
@@ -138,9 +140,10 @@ class SampleFit:
     def outside(self, raw: np.ndarray, z0: int, margin: int = 0) -> tuple[np.ndarray, dict]:
         """uint8 ``(n, Y, X)`` for the slices ``z0 : z0 + n`` of raw grey values: 0 in the sample,
         :data:`SURFACE` outside it across the sample's air surface (what a shape, or the dark rule,
-        left out; a slice of air above or below the sample), :data:`BEYOND` outside it across no
-        such surface (a field of view's constant outside, where a shape was found; a container's
-        wall and a gap too thin to show air; the band a margin took off); and counts of those voxels:
+        left out; a slice of air above or below the sample), :data:`WALL` a container's wall and a
+        gap too thin to show air, :data:`BEYOND` outside it across no surface (a field of view's
+        constant outside, where a shape was found; the band a margin took off); and counts of those
+        voxels:
         ``region``, what the shape left out apart from the constant outside and a wall (the voxels
         that would be pore if the shape were wrong), and ``wall``.
 
@@ -174,10 +177,10 @@ class SampleFit:
         codes = np.where(sample, 0, SURFACE).astype(np.uint8)
         if shaped:
             codes[const] = BEYOND  # the constant is a field of view's cut, the shape the surface
-        if wall is not None:  # a wall touching the sample: no air across it, no partial-volume pore
-            codes[wall] = BEYOND
-            for i in range(n):  # and where the gap is thinner than a voxel (no air to be seen), no surface
-                codes[i][(codes[i] == SURFACE) & self._thin_gap(float(z0 + i), raw.shape[1:])] = BEYOND
+        if wall is not None:  # a wall touching the sample, and a gap thinner than a voxel: no air to be seen
+            codes[wall] = WALL
+            for i in range(n):
+                codes[i][(codes[i] == SURFACE) & self._thin_gap(float(z0 + i), raw.shape[1:])] = WALL
         if margin > 0:
             for i in range(n):  # eroded from the surface only: a cut face counts as sample here
                 codes[i][sample[i] & ~erode_diamond(sample[i] | (codes[i] == BEYOND), int(margin))] = BEYOND

@@ -19,7 +19,7 @@ import numpy as np
 from scipy import ndimage as ndi
 
 from ctpore.data.io import Geometry, Scan, label_slice_axis
-from ctpore.data.sample import BEYOND, SURFACE, find_sample
+from ctpore.data.sample import BEYOND, SURFACE, WALL, find_sample
 from ctpore.errors import CtporeWarning, InputError
 from ctpore.pipelines.spill import RawCopy
 from ctpore.progress import ProgressFn
@@ -71,7 +71,7 @@ class SampleMask:
     """
 
     def __init__(self, codes, info: dict, handle=None, fit=None, level: Optional[float] = None):
-        self.codes = codes  # uint8 (Z, Y, X): 0 sample, 1 outside across its surface, 2 outside across none
+        self.codes = codes  # uint8 (Z, Y, X): 0 sample, 1 outside across air, 2 across none, 3 a wall
         self.outside = _Outside(codes) if codes is not None else None
         self.info, self._handle, self.fit = info, handle, fit
         self._nearest = None  # the last slice's outside and its nearest sample pixels
@@ -199,7 +199,8 @@ def _mark_air(volume, fit, store) -> None:
     """Give a user's mask the sample's surface where it has one (code 1): there its partial-volume
     rim is not pore. Where the sample is found by its shape (:func:`~ctpore.data.sample.find_sample`),
     the mask's outside within :data:`_NEAR` voxels of what the found sample has across its air
-    surface is across it too, whatever the mask's own boundary: a gap of air a voxel or two wide
+    surface is across it too (or across its container's wall, code 3, within as far of the found
+    wall), whatever the mask's own boundary: a gap of air a voxel or two wide
     between a core and its tube is seen by the fit, not by the grey values next to the mask. Else a
     slice whose band two and three voxels out from the mask is darker, on the median, than a
     quarter of the way from the air's level to the material's is across air all round. Where the
@@ -217,11 +218,12 @@ def _mark_air(volume, fit, store) -> None:
             continue
         raw = np.asarray(volume[z0:z1], np.float32)
         if shaped:
-            across = fit.outside(raw, z0)[0] == SURFACE
+            found = fit.outside(raw, z0)[0]
             for i in range(z1 - z0):
-                if across[i].any():
-                    near = ndi.binary_dilation(across[i], cross, iterations=_NEAR)
-                    codes[i][(codes[i] == BEYOND) & near] = SURFACE
+                for code in (SURFACE, WALL):  # (air first: a gap's outside is across air)
+                    if (found[i] == code).any():
+                        near = ndi.binary_dilation(found[i] == code, cross, iterations=_NEAR)
+                        codes[i][(codes[i] == BEYOND) & near] = code
             store[z0:z1] = codes
             continue
         rise = lv["air"] + 0.25 * (lv["material"] - lv["air"])
@@ -243,7 +245,7 @@ def _erode(store, shape, margin: int) -> int:
     for z in range(shape[0]):
         codes = np.asarray(store[z])
         kept = ndi.binary_erosion(codes == 0, disk, border_value=1)
-        store[z] = np.where(kept, 0, np.maximum(codes, BEYOND))
+        store[z] = np.where(kept, 0, BEYOND).astype(np.uint8)
         n += int(np.count_nonzero(~kept))
     return n
 

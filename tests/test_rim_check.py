@@ -50,17 +50,19 @@ def test_a_sample_almost_without_pores_is_not_judged():
     assert not res["differs"]
 
 
-def test_the_rim_is_judged_only_across_a_surface():
-    """Where the outside is across no surface (a wall touching the sample, a cut: code 2), its
-    outer voxels are no rim: a core whose left half faces air (code 1) and whose right half touches
-    its tube (code 2), with no pore in the outer voxels of that right half, shows the rim's porosity
-    of its left half only (0.2; half of that were the right half's rim judged too)."""
+@pytest.mark.parametrize("code", [2, 3])
+def test_the_rim_is_judged_only_across_air(code):
+    """Where the outside is a cut (code 2) or a wall touching the sample (code 3: its rim is cleared
+    as air's is, but a wall's contact is no sign of a wall counted as sample), its outer voxels are
+    not judged: a core whose left half faces air (code 1) and whose right half touches its tube,
+    with no pore in the outer voxels of that right half, shows the rim's porosity of its left half
+    only (0.2; half of that were the right half's rim judged too)."""
     pores, outside = core(0)
     right = np.zeros(outside.shape, bool)
     right[..., 48:] = True
     rim = ~outside & ~_deeper_than(outside, RIM)
     pores &= ~(right & rim)  # no pore in the right half's rim
-    codes = np.where(outside, np.where(right, 2, 1), 0).astype(np.uint8)
+    codes = np.where(outside, np.where(right, code, 1), 0).astype(np.uint8)
     res = check(pores, codes)
     assert res["rim_porosity"] == pytest.approx(0.2, abs=0.03) and not res["differs"]
 
