@@ -45,7 +45,8 @@ def _surface(outside: np.ndarray, wall: bool = True) -> tuple[np.ndarray, np.nda
 def clear_rim(prob: np.ndarray, outside: np.ndarray, threshold: float = 0.5) -> np.ndarray:
     """``prob`` ``(n, Y, X)`` with the outside at 0 and the surface's pore voxels that no deeper pore
     voxel supports set to 0 (in place; also returned). ``outside``: bool (True outside the sample,
-    all of it across a surface) or the outside's codes (only code 1 is across a surface). The
+    all of it across a surface) or the outside's codes (codes 1, air, and 3, a container's wall, are across
+    a surface). The
     slice's edge is not a surface (a cut face), nor is a field of view's cut or a user's mask."""
     outside, across = _surface(outside)
     prob[outside] = 0.0

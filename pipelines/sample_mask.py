@@ -41,7 +41,8 @@ _NEAR = 2
 
 class _Outside:
     """The outside as bool ``(Z, Y, X)`` (True outside), sliced along Z, over the outside's codes
-    (:meth:`~ctpore.data.sample.SampleFit.outside`: 1 across the sample's surface, 2 across none)."""
+    (:meth:`~ctpore.data.sample.SampleFit.outside`: 1 across the sample's surface facing air, 2 across
+    none, 3 a container's wall)."""
 
     def __init__(self, codes):
         self.codes, self.shape = codes, tuple(codes.shape)
@@ -196,8 +197,8 @@ def solid_level(fit) -> Optional[float]:
 
 
 def _mark_air(volume, fit, store) -> None:
-    """Give a user's mask the sample's surface where it has one (code 1): there its partial-volume
-    rim is not pore. Where the sample is found by its shape (:func:`~ctpore.data.sample.find_sample`),
+    """Give a user's mask the sample's surface where it has one (code 1, or 3 by a wall): there its
+    partial-volume rim is not pore. Where the sample is found by its shape (:func:`~ctpore.data.sample.find_sample`),
     the mask's outside within :data:`_NEAR` voxels of what the found sample has across its air
     surface is across it too (or across its container's wall, code 3, within as far of the found
     wall), whatever the mask's own boundary: a gap of air a voxel or two wide

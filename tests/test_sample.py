@@ -420,6 +420,23 @@ def test_the_methods_see_the_outside_as_the_samples_solid():
     assert abs(float(filled[out][0]) - float(np.median(solid))) <= 3 * noise
 
 
+def test_a_margin_erodes_a_core_from_the_wall_it_touches_too():
+    """The sample's surface is where it meets air or its container's wall: --sample-margin N takes
+    N voxels off both (a core touching a mid-grey tube, off its axis), as it does off a mask of your
+    own; the found sample with a margin is the one without, eroded by the diamond of N in each slice."""
+    from ctpore.data.binary import erode_diamond
+    from ctpore.data.sample import WALL, find_sample
+
+    scan, _true = _core_in_tube((12, 112, 112), 38, wall=5, gap=0.3, attenuation=0.5, eccentricity=0.9)
+    fit = find_sample(scan, (0.01, 0.01, 0.01))
+    assert fit.envelope.wall is not None
+    plain, _ = fit.outside(scan, 0)
+    eroded, _ = fit.outside(scan, 0, margin=2)
+    assert (plain == WALL).any()
+    want = np.stack([erode_diamond(p == 0, 2) for p in plain])
+    np.testing.assert_array_equal(eroded == 0, want)
+
+
 def test_the_margins_erosion_equals_scipys_erosion_by_the_diamond():
     """The margin's one distance pass against ``scipy.ndimage.binary_erosion`` with the diamond of
     that radius (the image's border inside), on random masks, margins 1..40."""
