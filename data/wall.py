@@ -254,8 +254,8 @@ def inner_points(prof, c: Cylinder, wall: dict, air: float, material: float):
     """The sample's surface inside a wall, in sector profiles about ``c``'s centre: each sector's
     ray meets the wall's inner surface at ``t_in``; the wall's blurred step (its level less the air's,
     spread by ``sigma``) is taken off the profile, so that what is left inside ``t_in`` is air in a
-    gap and the sample's own rise; the surface is where that first reaches halfway between the air
-    and the sample's material, going inwards; where the sample touches the wall, at ``t_in`` or
+    gap and the sample's own rise; the surface is where that crosses halfway from the air to the
+    material just inside it (:func:`_inner_edge`); where the sample touches the wall, at ``t_in`` or
     where the grey values cross to the wall's level (:func:`_touching_edge`)."""
     from scipy.special import ndtr
 
