@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage as ndi
 
+from ctpore.data.sample import SURFACE, WALL
+
 __all__ = ["INSIDE", "RIM", "RIM_SHARE", "SHELL", "RimCheck", "clear_rim"]
 
 #: Depth of the rim, in voxels: the partial-volume voxels of the surface, and one more for a surface
@@ -39,15 +41,15 @@ def _surface(outside: np.ndarray, wall: bool = True) -> tuple[np.ndarray, np.nda
     outside = np.asarray(outside)
     if outside.dtype == bool:
         return outside, outside
-    return outside > 0, (outside == 1) | (outside == 3) if wall else outside == 1
+    return outside > 0, (outside == SURFACE) | (outside == WALL) if wall else outside == SURFACE
 
 
 def clear_rim(prob: np.ndarray, outside: np.ndarray, threshold: float = 0.5) -> np.ndarray:
     """``prob`` ``(n, Y, X)`` with the outside at 0 and the surface's pore voxels that no deeper pore
     voxel supports set to 0 (in place; also returned). ``outside``: bool (True outside the sample,
-    all of it across a surface) or the outside's codes (codes 1, air, and 3, a container's wall, are across
-    a surface). The
-    slice's edge is not a surface (a cut face), nor is a field of view's cut or a user's mask."""
+    all of it across a surface) or the outside's codes (codes 1, air, and 3, a container's wall, are
+    across a surface). The slice's edge is not a surface (a cut face), nor is a field of view's cut or
+    a user's mask."""
     outside, across = _surface(outside)
     prob[outside] = 0.0
     for i in range(prob.shape[0]):

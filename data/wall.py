@@ -242,7 +242,8 @@ def _inner_edge(prof, m, ok, b_in: int, air: float, half: float) -> Optional[flo
     if b <= 0:
         return None
     e, vox = b - 1, int(round(1.0 / BIN))
-    inner = m[max(e - 9 * vox, 0): max(e - vox, 1)][ok[max(e - 9 * vox, 0): max(e - vox, 1)]]
+    near = slice(max(e - 9 * vox, 0), max(e - vox, 1))
+    inner = m[near][ok[near]]
     local = 0.5 * (air + float(np.median(inner))) if inner.size else half
     for c in range(min(e + 2 * vox, b_in - 1), max(e - 2 * vox, 0) - 1, -1):
         if ok[c] and ok[c + 1] and m[c] >= local > m[c + 1]:

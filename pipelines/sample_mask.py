@@ -198,11 +198,11 @@ def solid_level(fit) -> Optional[float]:
 
 def _mark_air(volume, fit, store) -> None:
     """Give a user's mask the sample's surface where it has one (code 1, or 3 by a wall): there its
-    partial-volume rim is not pore. Where the sample is found by its shape (:func:`~ctpore.data.sample.find_sample`),
-    the mask's outside within :data:`_NEAR` voxels of what the found sample has across its air
-    surface is across it too (or across its container's wall, code 3, within as far of the found
-    wall), whatever the mask's own boundary: a gap of air a voxel or two wide
-    between a core and its tube is seen by the fit, not by the grey values next to the mask. Else a
+    partial-volume rim is not pore. Where the sample is found by its shape
+    (:func:`~ctpore.data.sample.find_sample`), the mask's outside within :data:`_NEAR` voxels of what
+    the found sample has across its air surface is across it too (or across its container's wall,
+    code 3, within as far of the found wall), whatever the mask's own boundary: a gap of air a voxel
+    or two wide between a core and its tube is seen by the fit, not by the grey values next to the mask. Else a
     slice whose band two and three voxels out from the mask is darker, on the median, than a
     quarter of the way from the air's level to the material's is across air all round. Where the
     mask cuts through material (a region of interest inside the rock) the outside stays code 2 and
