@@ -20,9 +20,13 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    air of the gap; where the sample touches the wall, the wall's inner surface, or further out where
    the grey values cross from the sample's level to a wall's of a clearly different grey).
 3. The fit's spread (the robust standard deviation of the surface points about the cylinder, in
-   voxels) says how well a cylinder describes the sample; a block or a prism fits badly, and its
-   outline is taken instead (:class:`~ctpore.data.outline.Outline`: slab by slab, the convex hull of
-   the material, or the rectangle of a block).
+   voxels) says how well a cylinder describes the sample. A fit that spreads too much is restarted
+   once from the circle most surface points agree on with none outside it (a pore puts a false
+   point inside the surface, never outside), and refitted on the points where that circle lies
+   within the slice (a core wider than the field of view, seen in its corners only, with pores cut
+   by the slice's edge). A block or a prism still fits badly, and its outline is taken instead
+   (:class:`~ctpore.data.outline.Outline`: slab by slab, the convex hull of the material, or the
+   rectangle of a block).
 
 Sectors whose profile never reaches air (the sample cut by the edge of the slice or by a circular
 field of view) give no surface point: a core wider than the field of view keeps its cut faces.
@@ -37,8 +41,8 @@ from typing import Optional
 import numpy as np
 
 from ctpore.data.outline import Outline
-from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, fit_circle, otsu, pooled,
-                                  smooth_masked, surface_points)
+from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, consensus_circle, fit_circle, otsu,
+                                  pooled, smooth_masked, surface_points)
 from ctpore.data.wall import fit_wall, inner_points
 
 __all__ = ["CYLINDER_SPREAD", "CYLINDER_SPREAD_REL", "MAX_SLICES", "Cylinder", "Envelope",
@@ -59,6 +63,11 @@ def cylinder_spread_limit(radius_mm: float, px: float) -> float:
 
 #: A sector is about this many voxels of arc at the sample's surface (between 24 and 180 sectors).
 _ARC = 8.0
+
+#: A fit that does not hold together is restarted with the points of the sectors turned by this many
+#: phases (a quarter of a sector apart for 4): a core wider than the field of view shows air in its
+#: corners only, in a few sectors each.
+RESTART_PHASES = 4
 
 
 @dataclass
@@ -107,17 +116,20 @@ def sample_slices(nz: int, max_slices: int = MAX_SLICES) -> np.ndarray:
     return np.unique(np.linspace(lo, hi, min(nz, max_slices)).round().astype(int))
 
 
-def _circle_rounds(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, points_fn, rounds: int = 3):
-    """Refit ``cyl`` from sector profiles about its current centre, ``rounds`` times; returns
-    (cylinder, residuals in mm, the last profiles, number of sectors)."""
+def _circle_rounds(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, points_fn, rounds: int = 3,
+                   phases: tuple = (0.0,)):
+    """Refit ``cyl`` from sector profiles about its current centre, ``rounds`` times (the points of
+    the sectors of every one of ``phases`` together); returns (cylinder, residuals in mm, the last
+    profiles of the first phase, number of sectors)."""
     px = min(spacing[1], spacing[2])
     res = np.zeros(0)
     prof = None
     n_sectors = 24
     for _ in range(rounds):
         n_sectors = int(np.clip(2 * np.pi * cyl.radius_mm / (_ARC * px), 24, 180))
-        prof = SectorProfiles(slices, valid, zs, spacing, cyl, n_sectors, r_max)
-        pts, _ = points_fn(prof, cyl)
+        profs = [SectorProfiles(slices, valid, zs, spacing, cyl, n_sectors, r_max, phase) for phase in phases]
+        prof = profs[0]
+        pts = np.concatenate([points_fn(q, cyl)[0] for q in profs])
         if len(pts) < 6:
             return None, res, prof, n_sectors
         c = cyl.centre_at(cyl.z_ref)
@@ -155,6 +167,42 @@ def _drift(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, n_sectors: i
         return cyl  # no tilt worth a voxel over the whole stack: the axis stands straight
     centre = [float(np.mean(cs[:, i]) + slope[i] * (cyl.z_ref - np.mean(zc))) for i in (0, 1)]
     return Cylinder(tuple(centre), tuple(slope), cyl.radius_mm, cyl.z_ref)
+
+
+def _restart(slices, valid, zs, spacing, fitted: Cylinder, res, prof, n_sectors: int, r_max: float, points_fn):
+    """A fit that does not hold together, restarted from the circle most of its surface points agree on
+    (:func:`~ctpore.data.profiles.consensus_circle`, within the spread a cylinder may have) and kept
+    where it then spreads less: false points all on one side (a core wider than the field of view,
+    seen in its corners only, with pores cut by the slice's edge) pull a least-squares fit between
+    them and the true ones. Refitted from there on the points where the circle itself lies within
+    the slice: where it lies beyond the slice's edge, the air a sector shows is a pore cut by the
+    edge, not the outside. Returns (cylinder, residuals, profiles, sectors) as :func:`_circle_rounds`
+    does."""
+    px = min(spacing[1], spacing[2])
+    phases = tuple(i / RESTART_PHASES for i in range(RESTART_PHASES))
+    n = int(np.clip(2 * np.pi * fitted.radius_mm / (_ARC * px), 24, 180))
+    pts = np.concatenate([points_fn(SectorProfiles(slices, valid, zs, spacing, fitted, n, r_max, phase), fitted)[0]
+                          for phase in phases])
+    circle = consensus_circle(pts, cylinder_spread_limit(fitted.radius_mm, px) * px)
+    if circle is None:
+        return fitted, res, prof, n_sectors
+    start = Cylinder((circle[0], circle[1]), fitted.drift_mm, circle[2], fitted.z_ref)
+    shape = slices[0].shape
+
+    def seen(prof2, c):  # the points where the circle itself lies within the slice
+        pts2, ks = points_fn(prof2, c)
+        cy, cx = c.centre_at(c.z_ref)
+        th = np.arctan2(pts2[:, 0] - cy, pts2[:, 1] - cx)
+        on_y, on_x = cy + c.radius_mm * np.sin(th), cx + c.radius_mm * np.cos(th)
+        keep = ((on_y >= 0) & (on_y <= (shape[0] - 1) * spacing[1])
+                & (on_x >= 0) & (on_x <= (shape[1] - 1) * spacing[2]))
+        return pts2[keep], ks[keep]
+
+    again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, seen, rounds=2,
+                                            phases=phases)
+    if again is None or not _mad(res2) < _mad(res):
+        return fitted, res, prof, n_sectors
+    return again, res2, prof2, n2
 
 
 def _mad(res: np.ndarray) -> float:
@@ -241,6 +289,10 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
                         notes=["no sector shows air outside the material"])
     spread = _mad(res) / px
     cylinder_like = spread <= cylinder_spread_limit(fitted.radius_mm, px)
+    if not cylinder_like:  # restarted from the circle most surface points agree on
+        fitted, res, prof, n_sectors = _restart(slices, valid, zs, spacing, fitted, res, prof, n_sectors, r_max,
+                                                outer)
+        cylinder_like = _mad(res) / px <= cylinder_spread_limit(fitted.radius_mm, px)
     tilted = _drift(slices, valid, zs, spacing, fitted, r_max, n_sectors, air, rise) if cylinder_like else fitted
     if tilted is not fitted:  # refit about the drifting axis
         again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, tilted, r_max, outer, rounds=2)

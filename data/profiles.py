@@ -18,14 +18,19 @@ from typing import Optional
 import numpy as np
 from scipy import ndimage as ndi
 
-__all__ = ["BIN", "PROFILE_PIXELS", "Cylinder", "SectorProfiles", "fit_circle", "otsu", "outer_edge", "pooled",
-           "smooth_masked", "surface_points"]
+__all__ = ["BIN", "PROFILE_PIXELS", "Cylinder", "SectorProfiles", "consensus_circle", "fit_circle", "otsu",
+           "outer_edge", "pooled", "smooth_masked", "surface_points"]
 
 #: Profiles read about this many pixels of each slice (a grid of every n-th pixel of a larger one).
 PROFILE_PIXELS = 512 * 512
 
 #: Width of a profile bin, in voxels.
 BIN = 0.5
+
+#: In :func:`consensus_circle`, a surface point outside a circle counts this many of those on it
+#: against the circle: a pore open at the surface puts a point inside the sample's surface, never
+#: outside it.
+OUTSIDE_WEIGHT = 3
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,10 @@ def otsu(values: np.ndarray) -> float:
 class SectorProfiles:
     """Per-sector sums of grey values against the distance from the axis, over the read slices."""
 
-    def __init__(self, slices, valid, zs, spacing, cyl: Cylinder, n_sectors: int, r_max_mm: float):
+    def __init__(self, slices, valid, zs, spacing, cyl: Cylinder, n_sectors: int, r_max_mm: float,
+                 phase: float = 0.0):
+        # ``phase``: the sectors turned by this share of one (sectors of other phases, other points)
+        self.phase = float(phase)
         self.step = BIN * min(spacing[1], spacing[2])
         nb = int(math.ceil(r_max_mm / self.step)) + 1
         self.n_sectors, self.nb = n_sectors, nb
@@ -90,7 +98,7 @@ class SectorProfiles:
             r = np.sqrt(y[:, None] ** 2 + x[None, :] ** 2)
             b = np.minimum((r / np.float32(self.step)).astype(np.int64), nb - 1)
             th = np.arctan2(y[:, None], x[None, :])
-            k = ((th + np.pi) * (n_sectors / (2 * np.pi))).astype(np.int64) % n_sectors
+            k = np.floor((th + np.pi) * (n_sectors / (2 * np.pi)) - self.phase).astype(np.int64) % n_sectors
             idx = (k * nb + b)
             if ok is not None:
                 idx, v = idx[ok], sl[ok]
@@ -112,6 +120,10 @@ class SectorProfiles:
         # a bin counts when it holds a share of a full ring's pixels, and some pixels (few with one slice)
         self.covered = self.n >= np.maximum(0.15 * self.full[None, :], np.minimum(4, 0.5 * self.full[None, :]))
         self.covered[:, :2] = self.n[:, :2] > 0
+
+    def angle(self, k: int) -> float:
+        """The middle of sector ``k``, in radians from the +x axis (towards +y)."""
+        return -np.pi + (k + 0.5 + self.phase) * 2 * np.pi / self.n_sectors
 
     def radius(self, b: float) -> float:
         return (b + 0.5) * self.step
@@ -181,6 +193,44 @@ def fit_circle(points: np.ndarray, init: tuple[float, float, float]) -> tuple[np
     return sol.x, res(sol.x)
 
 
+def consensus_circle(points: np.ndarray, tol: float, max_triples: int = 4000) -> Optional[tuple[float, float, float]]:
+    """The circle ``(cy, cx, r)`` through three of ``points`` (y, x) that the most of them lie within
+    ``tol`` of, each point further than ``tol`` outside it counting :data:`OUTSIDE_WEIGHT` against it
+    (ties: the least squared distance of those within), or None when fewer than 6 lie within.
+
+    A least-squares fit follows its start: where false surface points are many and all on one side
+    (pores open at the surface, or cut by the slice's edge, where little air is seen), it settles
+    between them and the true ones. The circle that most points agree on, and that leaves none
+    outside it (material beyond a surface, which no pore explains), does not. Every triple is
+    tried up to ``max_triples`` of them, else that many drawn with a fixed seed (the same points,
+    the same circle)."""
+    n = len(points)
+    if n < 6:
+        return None
+    idx = np.array([(i, j, k) for i in range(n) for j in range(i + 1, n) for k in range(j + 1, n)])
+    if len(idx) > max_triples:
+        idx = idx[np.random.default_rng(0).choice(len(idx), max_triples, replace=False)]
+    a, b, c = (points[idx[:, m]].astype(np.float64) for m in range(3))
+    d = 2.0 * (a[:, 0] * (b[:, 1] - c[:, 1]) + b[:, 0] * (c[:, 1] - a[:, 1]) + c[:, 0] * (a[:, 1] - b[:, 1]))
+    ok = np.abs(d) > 1e-12
+    a, b, c, d = a[ok], b[ok], c[ok], d[ok]
+    if not len(d):
+        return None
+    sa, sb, sc = (np.sum(q * q, axis=1) for q in (a, b, c))
+    cy = (sa * (b[:, 1] - c[:, 1]) + sb * (c[:, 1] - a[:, 1]) + sc * (a[:, 1] - b[:, 1])) / d
+    cx = (sa * (c[:, 0] - b[:, 0]) + sb * (a[:, 0] - c[:, 0]) + sc * (b[:, 0] - a[:, 0])) / d
+    r = np.hypot(a[:, 0] - cy, a[:, 1] - cx)
+    res = np.hypot(points[None, :, 0] - cy[:, None], points[None, :, 1] - cx[:, None]) - r[:, None]
+    inl = np.abs(res) <= tol
+    count = inl.sum(axis=1)
+    score = count - OUTSIDE_WEIGHT * (res > tol).sum(axis=1)
+    sq = np.where(inl, res * res, 0.0).sum(axis=1)
+    best = int(np.lexsort((sq, -score))[0])
+    if count[best] < 6:
+        return None
+    return float(cy[best]), float(cx[best]), float(r[best])
+
+
 def surface_points(prof: SectorProfiles, cyl: Cylinder, z_ref: float, air: float, rise: float, step_vox: float,
                     start_mm: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """Surface points (y, x) in mm about ``cyl``'s centre at ``z_ref``, one per sector that has one, and
@@ -193,7 +243,7 @@ def surface_points(prof: SectorProfiles, cyl: Cylinder, z_ref: float, air: float
         if e is None:
             continue
         r = prof.radius(e)
-        th = -np.pi + (k + 0.5) * 2 * np.pi / prof.n_sectors
+        th = prof.angle(k)
         pts.append((cy + r * math.sin(th), cx + r * math.cos(th)))
         ks.append(k)
     return np.array(pts).reshape(-1, 2), np.array(ks, int)

@@ -92,7 +92,7 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     k_idx, b_idx = np.nonzero(prof.covered[:, win] & np.isfinite(prof.mean[:, win]))
     if k_idx.size < 100:
         return None
-    th = -np.pi + (k_idx + 0.5) * 2 * np.pi / prof.n_sectors
+    th = prof.angle(k_idx)
     rr = r[win][b_idx]
     py, pxx = rr * np.sin(th), rr * np.cos(th)
     out = rr > r1 + 3 * px
@@ -269,7 +269,7 @@ def inner_points(prof, c: Cylinder, wall: dict, air: float, material: float):
     radii = (np.arange(prof.nb) + 0.5) * step
     pts, ks = [], []
     for k in range(prof.n_sectors):
-        th = -np.pi + (k + 0.5) * 2 * np.pi / prof.n_sectors
+        th = prof.angle(k)
         uy, ux = math.sin(th), math.cos(th)
         oy, ox = cy - wy, cx - wx
         bq = oy * uy + ox * ux

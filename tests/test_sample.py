@@ -480,3 +480,26 @@ def test_a_grey_tubes_partial_volume_rim_is_not_pore(seed):
     within = ndi.labeled_comprehension(rim | ~true, lab, np.arange(1, n + 1), np.all, bool, False)
     real = ndi.labeled_comprehension(truth.astype(bool), lab, np.arange(1, n + 1), np.any, bool, False)
     assert int(np.count_nonzero(within & ~real)) == 0
+
+
+def test_the_circle_most_surface_points_agree_on_leaves_none_outside_it():
+    """Surface points of a circle, and more false ones, all inside it (pores open at the surface or
+    cut by the slice's edge): the robust least-squares fit settles between them; the consensus
+    circle (the most points within the tolerance, a point outside counting against) is the true one.
+    Twenty of the false points lie on a smaller circle, more than on the true one: that circle has
+    every true point outside it, and loses."""
+    from ctpore.data.profiles import consensus_circle, fit_circle
+
+    rng = np.random.default_rng(11)
+    true = (40.0, 55.0, 30.0)
+    th = rng.uniform(-np.pi, np.pi, 14)
+    on = np.stack([true[0] + true[2] * np.sin(th), true[1] + true[2] * np.cos(th)], 1) + rng.normal(0, 0.1, (14, 2))
+    th2 = rng.uniform(-np.pi, np.pi, 40)
+    depth = true[2] - np.concatenate([rng.uniform(5.0, 25.0, 20), np.full(20, 8.0)])  # 20 of them on a circle
+    inside = np.stack([true[0] + depth * np.sin(th2), true[1] + depth * np.cos(th2)], 1) + rng.normal(0, 0.1, (40, 2))
+    pts = np.concatenate([on, inside])
+    cy, cx, r = consensus_circle(pts, 1.0)
+    assert abs(cy - true[0]) < 0.3 and abs(cx - true[1]) < 0.3 and abs(r - true[2]) < 0.3, (cy, cx, r)
+    (ly, lx, lr), _ = fit_circle(pts, (true[0] + 3, true[1] - 3, true[2] - 5))
+    assert abs(lr - true[2]) > 1.0 or np.hypot(ly - true[0], lx - true[1]) > 1.0, (ly, lx, lr)
+    assert consensus_circle(pts[:5], 1.0) is None  # fewer than 6 points: no consensus
