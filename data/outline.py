@@ -17,7 +17,13 @@ from scipy import ndimage as ndi
 
 from ctpore.data.profiles import Cylinder, smooth_masked
 
-__all__ = ["BLOCK_FILL", "Outline"]
+__all__ = ["BLOCK_FILL", "OUTLINE_STRAY", "Outline"]
+
+#: An outline is said to be uncertain when more than this share of a band 2 to 16 voxels outside it is
+#: material (:meth:`Outline.stray`): a hull leaves none out but a speck (at most 0.8% in 24 simulated
+#: blocks turned in air, development scenes), while one cut short by large pores open at a block's
+#: corners, through every slice, leaves its corners out (4.3% in the one such scene, IoU 0.82).
+OUTLINE_STRAY = 0.025
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,21 @@ class Outline:
             return replace(self, block=None)
         block = np.mean([f >= BLOCK_FILL for f in votes]) >= 0.5 or _block_fill(union) >= BLOCK_FILL
         return replace(self, block=bool(block))
+
+    def stray(self, slices, valid, zs, spacing) -> float:
+        """The share of material (smoothed, brighter than halfway between the air and the material)
+        in a band 2 to 16 pixels outside each of ``slices``' own outline (its slab of one slice),
+        over them all: near 0 when the outline is the sample's, larger when it cuts material off."""
+        half = 0.5 * (self.air + self.material)
+        hit = tot = 0
+        for sl, ok, z in zip(slices, valid, zs):
+            plane = self.inside(sl[None], int(z), spacing, None if ok is None else ok[None])[0]
+            band = ndi.binary_dilation(plane, iterations=16) & ~ndi.binary_dilation(plane, iterations=2)
+            if ok is not None:
+                band &= ok
+            hit += int(np.count_nonzero(band & (smooth_masked(sl, ok) > half)))
+            tot += int(np.count_nonzero(band))
+        return hit / tot if tot else 0.0
 
     def _gate(self, slab: np.ndarray, ok: list) -> tuple[np.ndarray, np.ndarray]:
         """Bool ``(Y, X)``, and the slab's mean: where the sample may be in this slab: the slab's mean grey values (the

@@ -55,6 +55,7 @@ import numpy as np
 from ctpore.data.binary import erode_diamond
 from ctpore.data.envelope import Envelope, cylinder_spread_limit, fit_envelope, sample_slices
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
+from ctpore.data.outline import OUTLINE_STRAY
 from ctpore.data.profiles import PROFILE_PIXELS
 
 __all__ = ["AIR_SLICE", "BEYOND", "KINDS", "SURFACE", "WALL", "SampleFit", "find_sample"]
@@ -124,8 +125,8 @@ class SampleFit:
             # still spread little about it (twice what makes a sample in air a cylinder)
             held = env.spread_vox <= 2.0 * cylinder_spread_limit(env.cylinder.radius_mm, min(self.spacing_mm[1:]))
             return env.points >= 8 and seen and held and self.checks.get("stray", 0.0) <= 0.2
-        if self.kind == "outline":
-            return seen
+        if self.kind == "outline":  # and it leaves no material outside it
+            return seen and self.checks.get("stray", 0.0) <= OUTLINE_STRAY
         return True
 
     def _inside_shape(self, raw: np.ndarray, z0: int, valid) -> Optional[np.ndarray]:
@@ -268,13 +269,13 @@ class SampleFit:
         if self.kind in ("cylinder", "outline"):
             c = env.cylinder
             d["fit"] = {"spread_vox": _r(env.spread_vox), "sectors": int(env.sectors),
-                        "surface_points": int(env.points), "cut_sectors": int(env.cut)}
+                        "surface_points": int(env.points), "cut_sectors": int(env.cut),
+                        "stray_material": _r(self.checks.get("stray", 0.0))}
             if self.kind == "cylinder":
                 cy, cx = c.centre_at(c.z_ref)
                 tilt = [c.drift_mm[0] / self.spacing_mm[0], c.drift_mm[1] / self.spacing_mm[0]]
                 d["cylinder"] = {f"centre_{u}_yx": [_r(f * cy), _r(f * cx)], "at_slice": _r(c.z_ref),
                                  f"radius_{u}": _r(f * c.radius_mm), "axis_tilt_yx": [_r(t) for t in tilt]}
-                d["fit"]["stray_material"] = _r(self.checks.get("stray", 0.0))
         if env.wall is not None:
             w = env.wall
             oy, ox = w["outer"].centre_at(w["outer"].z_ref)
@@ -387,8 +388,9 @@ def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> Sa
             env.kind = "outline"
             env.outline = Outline(env.cylinder, k, lv["air"], lv["air"] + 0.25 * (lv["material"] - lv["air"]),
                                   lv["material"])
-    if env.kind == "outline":  # a block or not, decided once on the fit's slices
+    if env.kind == "outline":  # a block or not, decided once on the fit's slices; what it leaves out
         env.outline = env.outline.judge_block(slices, valid)
+        fit.checks["stray"] = env.outline.stray(slices, valid, zs, grid)
     if env.kind == "none" and constant is None:
         fit.dark = dark_rule(slices)
     if _weakrefable(volume):

@@ -503,3 +503,32 @@ def test_the_circle_most_surface_points_agree_on_leaves_none_outside_it():
     (ly, lx, lr), _ = fit_circle(pts, (true[0] + 3, true[1] - 3, true[2] - 5))
     assert abs(lr - true[2]) > 1.0 or np.hypot(ly - true[0], lx - true[1]) > 1.0, (ly, lx, lr)
     assert consensus_circle(pts[:5], 1.0) is None  # fewer than 6 points: no consensus
+
+
+def test_an_outline_that_leaves_material_out_is_uncertain():
+    """A prism in air (a hexagon across), one of whose corners a wide pore open to the air cuts off
+    from the rest through every slice (development scene 2607111: large pores at a block's corners
+    through all of a short scan; its outline left 17% of the block out, IoU 0.82, and was called
+    confident): the outline keeps to the sample's main piece and leaves the corner's material out
+    beyond it, so the result must say it is uncertain rather than give a porosity as if it were
+    sure. The same prism with its corner whole is confident."""
+    from ctpore.data.sample import find_sample
+
+    rng = np.random.default_rng(5)
+    _, yy, xx = np.indices((12, 128, 128)).astype(float)
+    y, x = yy - 63.5, xx - 63.5
+    hexagon = np.ones(y.shape, bool)
+    for k in range(6):  # within 40 voxels of the centre across each pair of faces
+        a = np.radians(60 * k + 10)
+        hexagon &= x * np.cos(a) + y * np.sin(a) <= 40
+    fits = {}
+    for eaten in (False, True):
+        solid = hexagon.copy()
+        if eaten:  # a pore 9 voxels wide across one corner (at 40 degrees, 46 voxels out): 9% of the material beyond it
+            d = x * np.cos(np.radians(40)) + y * np.sin(np.radians(40))
+            solid &= ~((d > 21) & (d < 30))
+        scan = np.where(solid, 1000.0, 200.0) + rng.normal(0, 60, solid.shape)
+        fits[eaten] = find_sample(scan.astype(np.float32), (0.01, 0.01, 0.01))
+    assert fits[False].kind == "outline" and fits[False].confident, fits[False].info()
+    assert fits[True].kind == "outline" and not fits[True].confident, fits[True].info()
+    assert fits[True].info()["fit"]["stray_material"] > fits[False].info()["fit"]["stray_material"]
