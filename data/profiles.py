@@ -193,6 +193,26 @@ def fit_circle(points: np.ndarray, init: tuple[float, float, float]) -> tuple[np
     return sol.x, res(sol.x)
 
 
+def _triples(n: int, most: int) -> np.ndarray:
+    """Rows ``(i, j, k)``, ``i < j < k < n``: every triple in lexicographic order, or the ``most`` of
+    them that ``np.random.default_rng(0).choice`` picks by their rank in that order (found from the
+    ranks, without listing the ``n^3 / 6`` triples of a few hundred points)."""
+    from itertools import combinations
+
+    total = math.comb(n, 3)
+    if total <= most:
+        return np.array(list(combinations(range(n), 3)), np.int64).reshape(-1, 3)
+    rank = np.random.default_rng(0).choice(total, most, replace=False).astype(np.int64)
+    first = np.arange(n, dtype=np.int64)
+    start_i = np.concatenate([[0], np.cumsum((n - 1 - first) * (n - 2 - first) // 2)[:-1]])
+    i = np.searchsorted(start_i, rank, side="right") - 1
+    rem = rank - start_i[i]
+    pairs = np.concatenate([[0], np.cumsum(n - 1 - first)])  # pairs (j', k) with j' < j, over all j'
+    j = np.searchsorted(pairs, rem + pairs[i + 1], side="right") - 1
+    k = j + 1 + (rem + pairs[i + 1] - pairs[j])
+    return np.stack([i, j, k], 1)
+
+
 def consensus_circle(points: np.ndarray, tol: float, max_triples: int = 4000) -> Optional[tuple[float, float, float]]:
     """The circle ``(cy, cx, r)`` through three of ``points`` (y, x) that the most of them lie within
     ``tol`` of, each point further than ``tol`` outside it counting :data:`OUTSIDE_WEIGHT` against it
@@ -207,9 +227,7 @@ def consensus_circle(points: np.ndarray, tol: float, max_triples: int = 4000) ->
     n = len(points)
     if n < 6:
         return None
-    idx = np.array([(i, j, k) for i in range(n) for j in range(i + 1, n) for k in range(j + 1, n)])
-    if len(idx) > max_triples:
-        idx = idx[np.random.default_rng(0).choice(len(idx), max_triples, replace=False)]
+    idx = _triples(n, max_triples)
     a, b, c = (points[idx[:, m]].astype(np.float64) for m in range(3))
     d = 2.0 * (a[:, 0] * (b[:, 1] - c[:, 1]) + b[:, 0] * (c[:, 1] - a[:, 1]) + c[:, 0] * (a[:, 1] - b[:, 1]))
     ok = np.abs(d) > 1e-12

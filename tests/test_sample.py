@@ -503,6 +503,12 @@ def test_the_circle_most_surface_points_agree_on_leaves_none_outside_it():
     (ly, lx, lr), _ = fit_circle(pts, (true[0] + 3, true[1] - 3, true[2] - 5))
     assert abs(lr - true[2]) > 1.0 or np.hypot(ly - true[0], lx - true[1]) > 1.0, (ly, lx, lr)
     assert consensus_circle(pts[:5], 1.0) is None  # fewer than 6 points: no consensus
+    # 360 points (the sectors of four phases about a large core): 4000 of their 7.7 million triples
+    th3 = rng.uniform(-np.pi, np.pi, 360)
+    rad = np.where(np.arange(360) < 200, 300.0, 300.0 - rng.uniform(5.0, 60.0, 360))
+    many = np.stack([500 + rad * np.sin(th3), 400 + rad * np.cos(th3)], 1) + rng.normal(0, 0.3, (360, 2))
+    cy, cx, r = consensus_circle(many, 2.0)
+    assert abs(cy - 500) < 0.5 and abs(cx - 400) < 0.5 and abs(r - 300) < 0.5, (cy, cx, r)
 
 
 def test_an_outline_that_leaves_material_out_is_uncertain():
