@@ -21,10 +21,11 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    the grey values cross from the sample's level to a wall's of a clearly different grey).
 3. The fit's spread (the robust standard deviation of the surface points about the cylinder, in
    voxels) says how well a cylinder describes the sample. A fit that spreads too much is restarted
-   once from the circle most surface points agree on with none outside it (a pore puts a false
-   point inside the surface, never outside), and refitted on the points where that circle lies
-   within the slice (a core wider than the field of view, seen in its corners only, with pores cut
-   by the slice's edge). A block or a prism still fits badly, and its outline is taken instead
+   once from the circle most surface points agree on, a point outside it counting against it (a
+   pore puts a false point inside the surface, never outside), and refitted on the points where
+   that circle lies within the slice (a core wider than the slice, seen in its corners only, with
+   pores cut by the slice's edge); kept where it then spreads as little as a cylinder may. A block
+   or a prism still fits badly, and its outline is taken instead
    (:class:`~ctpore.data.outline.Outline`: slab by slab, the convex hull of the material, or the
    rectangle of a block).
 
@@ -169,15 +170,16 @@ def _drift(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, n_sectors: i
     return Cylinder(tuple(centre), tuple(slope), cyl.radius_mm, cyl.z_ref)
 
 
-def _restart(slices, valid, zs, spacing, fitted: Cylinder, res, prof, n_sectors: int, r_max: float, points_fn):
+def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_fn, level: float):
     """A fit that does not hold together, restarted from the circle most of its surface points agree on
-    (:func:`~ctpore.data.profiles.consensus_circle`, within the spread a cylinder may have) and kept
-    where it then spreads less: false points all on one side (a core wider than the field of view,
-    seen in its corners only, with pores cut by the slice's edge) pull a least-squares fit between
-    them and the true ones. Refitted from there on the points where the circle itself lies within
-    the slice: where it lies beyond the slice's edge, the air a sector shows is a pore cut by the
-    edge, not the outside. Returns (cylinder, residuals, profiles, sectors) as :func:`_circle_rounds`
-    does."""
+    (:func:`~ctpore.data.profiles.consensus_circle`, within the spread a cylinder may have, a point
+    outside it counting against it): false points all on one side (a core wider than the slice, seen
+    in its corners only, with pores cut by the slice's edge) pull a least-squares fit between them and
+    the true ones. Refitted from there on the points where the circle itself lies within the slice:
+    where it lies beyond the slice's edge, the air a sector shows is a pore cut by the edge, not the
+    outside. Kept only where it then spreads as little as a cylinder may: returns (cylinder,
+    residuals, the first phase's profiles, sectors per phase, (surface points, sectors, cut sectors)
+    over every phase), or None."""
     px = min(spacing[1], spacing[2])
     phases = tuple(i / RESTART_PHASES for i in range(RESTART_PHASES))
     n = int(np.clip(2 * np.pi * fitted.radius_mm / (_ARC * px), 24, 180))
@@ -185,24 +187,31 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, res, prof, n_sectors:
                           for phase in phases])
     circle = consensus_circle(pts, cylinder_spread_limit(fitted.radius_mm, px) * px)
     if circle is None:
-        return fitted, res, prof, n_sectors
+        return None
     start = Cylinder((circle[0], circle[1]), fitted.drift_mm, circle[2], fitted.z_ref)
-    shape = slices[0].shape
+    ny, nx = slices[0].shape
+
+    def within(c, th):  # whether the circle at angles th lies within the slice
+        cy, cx = c.centre_at(c.z_ref)
+        on_y, on_x = cy + c.radius_mm * np.sin(th), cx + c.radius_mm * np.cos(th)
+        return (on_y >= 0) & (on_y <= (ny - 1) * spacing[1]) & (on_x >= 0) & (on_x <= (nx - 1) * spacing[2])
 
     def seen(prof2, c):  # the points where the circle itself lies within the slice
         pts2, ks = points_fn(prof2, c)
         cy, cx = c.centre_at(c.z_ref)
-        th = np.arctan2(pts2[:, 0] - cy, pts2[:, 1] - cx)
-        on_y, on_x = cy + c.radius_mm * np.sin(th), cx + c.radius_mm * np.cos(th)
-        keep = ((on_y >= 0) & (on_y <= (shape[0] - 1) * spacing[1])
-                & (on_x >= 0) & (on_x <= (shape[1] - 1) * spacing[2]))
+        keep = within(c, np.arctan2(pts2[:, 0] - cy, pts2[:, 1] - cx))
         return pts2[keep], ks[keep]
 
-    again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, seen, rounds=2,
-                                            phases=phases)
-    if again is None or not _mad(res2) < _mad(res):
-        return fitted, res, prof, n_sectors
-    return again, res2, prof2, n2
+    again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, seen, rounds=2, phases=phases)
+    if again is None or not _mad(res) / px <= cylinder_spread_limit(again.radius_mm, px):
+        return None
+    cut = 0  # a sector whose circle lies beyond the slice's edge is cut there
+    for phase in phases:
+        q = SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, phase)
+        have = set(seen(q, again)[1].tolist())
+        beyond = {k for k in range(n2) if not within(again, np.array([q.angle(k)]))[0]} - have
+        cut += len(beyond) + _cut_sectors(q, have | beyond, level)
+    return again, res, prof, n2, (len(res), n2 * len(phases), cut)
 
 
 def _mad(res: np.ndarray) -> float:
@@ -289,18 +298,22 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
                         notes=["no sector shows air outside the material"])
     spread = _mad(res) / px
     cylinder_like = spread <= cylinder_spread_limit(fitted.radius_mm, px)
-    if not cylinder_like:  # restarted from the circle most surface points agree on
-        fitted, res, prof, n_sectors = _restart(slices, valid, zs, spacing, fitted, res, prof, n_sectors, r_max,
-                                                outer)
-        cylinder_like = _mad(res) / px <= cylinder_spread_limit(fitted.radius_mm, px)
+    counts = None  # (surface points, sectors, cut sectors)
+    restart = None if cylinder_like else _restart(slices, valid, zs, spacing, fitted, r_max, outer,
+                                                  0.5 * (air + material))
+    if restart is not None:  # restarted from the circle most surface points agree on
+        fitted, res, prof, n_sectors, counts = restart
+        cylinder_like = True
     tilted = _drift(slices, valid, zs, spacing, fitted, r_max, n_sectors, air, rise) if cylinder_like else fitted
     if tilted is not fitted:  # refit about the drifting axis
         again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, tilted, r_max, outer, rounds=2)
         if again is not None and _mad(res2) <= _mad(res):  # the tilt kept only where it fits better
-            fitted, res, prof, n_sectors = again, res2, prof2, n2
-    _, have = outer(prof, fitted)
-    env = Envelope("cylinder", cylinder=fitted, levels=levels, sectors=n_sectors, points=int(len(res)),
-                   cut=_cut_sectors(prof, set(have.tolist()), 0.5 * (air + material)))
+            fitted, res, prof, n_sectors, counts = again, res2, prof2, n2, None
+    if counts is None:
+        _, have = outer(prof, fitted)
+        counts = (len(res), n_sectors, _cut_sectors(prof, set(have.tolist()), 0.5 * (air + material)))
+    env = Envelope("cylinder", cylinder=fitted, levels=levels, sectors=counts[1], points=int(counts[0]),
+                   cut=counts[2])
     # a wall is a tube: looked for only when the outermost surface is a cylinder
     wall_prof = SectorProfiles(slices, valid, zs, spacing, fitted, min(n_sectors, 32), r_max) if cylinder_like else None
     wall = fit_wall(wall_prof, fitted, air) if cylinder_like else None

@@ -19,8 +19,9 @@ from ctpore.data.profiles import Cylinder, smooth_masked
 
 __all__ = ["BLOCK_FILL", "OUTLINE_STRAY", "Outline"]
 
-#: An outline is said to be uncertain when more than this share of a band 2 to 16 voxels outside it is
-#: material (:meth:`Outline.stray`): a hull leaves none out but a speck (at most 0.8% in 24 simulated
+#: An outline is said to be uncertain when more than this share of a band 2 to 16 pixels (of the fit's
+#: grid: every voxel of a slice under 768 x 768, every n-th of a larger one) outside each fit slice's
+#: own outline is material (:meth:`Outline.stray`): a hull leaves none out but a speck (at most 0.8% in 24 simulated
 #: blocks turned in air, development scenes), while one cut short by large pores open at a block's
 #: corners, through every slice, leaves its corners out (4.3% in the one such scene, IoU 0.82).
 OUTLINE_STRAY = 0.025

@@ -199,6 +199,8 @@ def test_a_core_wider_than_the_field_of_view_with_pores_cut_by_the_edge_is_a_cyl
         scan, _truth, _true_sample, scene = scene_scan("core-wider-than-fov", seed)
         fit = find_sample(scan, scene.spacing_mm)
         assert fit.kind == "cylinder", (seed, fit.kind, fit.envelope.spread_vox)
+        counts = fit.info()["fit"]  # sectors of every phase the restart read, each counted once
+        assert counts["surface_points"] + counts["cut_sectors"] <= counts["sectors"], (seed, counts)
         errors.append((fit.envelope.cylinder.radius_mm - scene.radius_mm) / VOXEL_MM)
     errors = np.abs(errors)
     assert float(np.median(errors)) <= 0.1, np.round(errors, 2)

@@ -141,17 +141,19 @@ def _settings() -> str:
     """The rules the sample is found by, in words with their values (from the code)."""
     from ctpore.data.envelope import CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES, RESTART_PHASES
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY
+    from ctpore.data.profiles import OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
 
     return (f"The fit reads {MAX_SLICES} slices spread along the scan. A cylinder describes the sample when its "
             f"surface points spread about it by at most {CYLINDER_SPREAD} voxels or {100 * CYLINDER_SPREAD_REL:g}% "
             "of its radius (whichever is more), or does so once restarted from the circle that most surface points "
-            f"(of the sectors turned by {RESTART_PHASES} phases) agree on and none lie outside, and refitted on the "
-            "points where that circle lies within the slice; otherwise each slab's outline is the convex hull of its "
-            "material, "
+            f"(of the sectors turned by {RESTART_PHASES} phases) agree on, each point outside it counting "
+            f"{OUTSIDE_WEIGHT} against it, and refitted on the points where that circle lies within the slice; "
+            "otherwise each slab's outline is the convex hull of its material, "
             f"or the smallest rectangle around it when the hull fills {100 * BLOCK_FILL:g}% of it in half the fit's "
             "slices, or the hull of their material together does (a block); an outline is uncertain where more than "
-            f"{100 * OUTLINE_STRAY:g}% of a band 2 to 16 voxels outside it is material. "
+            f"{100 * OUTLINE_STRAY:g}% of a band 2 to 16 pixels of the fit's grid outside each read slice's own "
+            "outline is material. "
             f"A pore voxel within {RIM} voxels of the surface counts only where it joins a pore deeper in. A tilt of "
             "the core's axis is kept where the surface points spread less about it than about a straight axis. The rim "
             f"check compares the porosity {SHELL[0]} to {SHELL[1]} voxels under the surface, and in the outer {RIM}, "
