@@ -117,6 +117,11 @@ def sample_slices(nz: int, max_slices: int = MAX_SLICES) -> np.ndarray:
     return np.unique(np.linspace(lo, hi, min(nz, max_slices)).round().astype(int))
 
 
+def _sector_count(radius_mm: float, px: float) -> int:
+    """Sectors of about :data:`_ARC` voxels of arc at ``radius_mm`` (between 24 and 180)."""
+    return int(np.clip(2 * np.pi * radius_mm / (_ARC * px), 24, 180))
+
+
 def _circle_rounds(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, points_fn, rounds: int = 3,
                    phases: tuple = (0.0,)):
     """Refit ``cyl`` from sector profiles about its current centre, ``rounds`` times (the points of
@@ -127,7 +132,7 @@ def _circle_rounds(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, poin
     prof = None
     n_sectors = 24
     for _ in range(rounds):
-        n_sectors = int(np.clip(2 * np.pi * cyl.radius_mm / (_ARC * px), 24, 180))
+        n_sectors = _sector_count(cyl.radius_mm, px)
         profs = [SectorProfiles(slices, valid, zs, spacing, cyl, n_sectors, r_max, phase) for phase in phases]
         prof = profs[0]
         pts = np.concatenate([points_fn(q, cyl)[0] for q in profs])
@@ -182,7 +187,7 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_
     over every phase), or None."""
     px = min(spacing[1], spacing[2])
     phases = tuple(i / RESTART_PHASES for i in range(RESTART_PHASES))
-    n = int(np.clip(2 * np.pi * fitted.radius_mm / (_ARC * px), 24, 180))
+    n = _sector_count(fitted.radius_mm, px)
     pts = np.concatenate([points_fn(SectorProfiles(slices, valid, zs, spacing, fitted, n, r_max, phase), fitted)[0]
                           for phase in phases])
     circle = consensus_circle(pts, cylinder_spread_limit(fitted.radius_mm, px) * px)
@@ -209,7 +214,7 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_
     for phase in phases:
         q = SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, phase)
         have = set(seen(q, again)[1].tolist())
-        beyond = {k for k in range(n2) if not within(again, np.array([q.angle(k)]))[0]} - have
+        beyond = set(np.flatnonzero(~within(again, q.angle(np.arange(n2)))).tolist()) - have
         cut += len(beyond) + _cut_sectors(q, have | beyond, level)
     return again, res, prof, n2, (len(res), n2 * len(phases), cut)
 

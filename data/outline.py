@@ -17,7 +17,7 @@ from scipy import ndimage as ndi
 
 from ctpore.data.profiles import Cylinder, smooth_masked
 
-__all__ = ["BLOCK_FILL", "OUTLINE_STRAY", "Outline"]
+__all__ = ["BLOCK_FILL", "OUTLINE_STRAY", "STRAY_BAND", "Outline"]
 
 #: An outline is said to be uncertain when more than this share of a band 2 to 16 pixels (of the fit's
 #: grid: every voxel of a slice under 768 x 768, every n-th of a larger one) outside each fit slice's
@@ -25,6 +25,9 @@ __all__ = ["BLOCK_FILL", "OUTLINE_STRAY", "Outline"]
 #: blocks turned in air, development scenes), while one cut short by large pores open at a block's
 #: corners, through every slice, leaves its corners out (4.3% in the one such scene, IoU 0.82).
 OUTLINE_STRAY = 0.025
+
+#: The band :meth:`Outline.stray` looks in: from this many pixels outside each outline to this many.
+STRAY_BAND = (2, 16)
 
 
 @dataclass(frozen=True)
@@ -67,13 +70,14 @@ class Outline:
 
     def stray(self, slices, valid, zs, spacing) -> float:
         """The share of material (smoothed, brighter than halfway between the air and the material)
-        in a band 2 to 16 pixels outside each of ``slices``' own outline (its slab of one slice),
+        in a band :data:`STRAY_BAND` pixels outside each of ``slices``' own outline (its slab of one slice),
         over them all: near 0 when the outline is the sample's, larger when it cuts material off."""
         half = 0.5 * (self.air + self.material)
         hit = tot = 0
         for sl, ok, z in zip(slices, valid, zs):
             plane = self.inside(sl[None], int(z), spacing, None if ok is None else ok[None])[0]
-            band = ndi.binary_dilation(plane, iterations=16) & ~ndi.binary_dilation(plane, iterations=2)
+            band = (ndi.binary_dilation(plane, iterations=STRAY_BAND[1])
+                    & ~ndi.binary_dilation(plane, iterations=STRAY_BAND[0]))
             if ok is not None:
                 band &= ok
             hit += int(np.count_nonzero(band & (smooth_masked(sl, ok) > half)))

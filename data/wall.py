@@ -149,7 +149,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     if not starts:  # too small a radius for the thinnest wall
         return None
     best = None
-    for _, x0 in sorted(starts, key=lambda c: c[0])[:4]:  # the four most promising starts
+    promising = [x for _, x in sorted(starts, key=lambda c: c[0])[:4]]  # the four most promising starts
+    for x0 in promising:
         sol = least_squares(lambda p: solve(wall_basis(p))[0], x0, bounds=(lo, hi), max_nfev=100, loss=LOSS)
         if best is None or sol.cost < best.cost:
             best = sol
@@ -175,7 +176,7 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
         # from the free fit and from the four most promising starts (one start can end far worse
         # than the sample alone explains the profiles: a wall a third of the core's grey, 7 voxels thick)
         held_best = None
-        for x0 in [best.x] + [x for _, x in sorted(starts, key=lambda c: c[0])[:4]]:
+        for x0 in [best.x] + promising:
             x0 = x0.copy()
             x0[5] = 0.0
             x0 = np.clip(x0, lo_h + 1e-6 * (hi_h - lo_h), hi_h - 1e-6 * (hi_h - lo_h))

@@ -140,7 +140,7 @@ def bench_sample(n: int = 6, shape=(24, 160, 160), seed_base: int = SAMPLE_SEED_
 def _settings() -> str:
     """The rules the sample is found by, in words with their values (from the code)."""
     from ctpore.data.envelope import CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES, RESTART_PHASES
-    from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY
+    from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
     from ctpore.data.profiles import OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
 
@@ -152,7 +152,8 @@ def _settings() -> str:
             "otherwise each slab's outline is the convex hull of its material, "
             f"or the smallest rectangle around it when the hull fills {100 * BLOCK_FILL:g}% of it in half the fit's "
             "slices, or the hull of their material together does (a block); an outline is uncertain where more than "
-            f"{100 * OUTLINE_STRAY:g}% of a band 2 to 16 pixels of the fit's grid outside each read slice's own "
+            f"{100 * OUTLINE_STRAY:g}% of a band {STRAY_BAND[0]} to {STRAY_BAND[1]} pixels of the fit's grid outside "
+            "each read slice's own "
             "outline is material. "
             f"A pore voxel within {RIM} voxels of the surface counts only where it joins a pore deeper in. A tilt of "
             "the core's axis is kept where the surface points spread less about it than about a straight axis. The rim "
