@@ -24,10 +24,12 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    once from the circle most surface points agree on, a point outside it counting against it (a
    pore puts a false point inside the surface, never outside), and refitted on the points where
    that circle lies within the slice (a core wider than the slice, seen in its corners only, with
-   pores cut by the slice's edge); kept where it then spreads as little as a cylinder may. A block
-   or a prism still fits badly, and its outline is taken instead
-   (:class:`~ctpore.data.outline.Outline`: slab by slab, the convex hull of the material, or the
-   rectangle of a block).
+   pores cut by the slice's edge), or on those on the circle alone where half of them are and
+   none outside (vugs open at the surface); kept where it then spreads as little as a cylinder may.
+   A block or a prism still fits badly, and a core sawn or broken along its axis shows a flat face
+   (surface points inside the circle on a line that stays put along the axis) or sectors with no
+   material: its outline is taken instead (:class:`~ctpore.data.outline.Outline`: slab by slab,
+   the convex hull of the material, or the rectangle of a block).
 
 Sectors whose profile never reaches air (the sample cut by the edge of the slice or by a circular
 field of view) give no surface point: a core wider than the field of view keeps its cut faces.
@@ -42,8 +44,8 @@ from typing import Optional
 import numpy as np
 
 from ctpore.data.outline import Outline
-from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, consensus_circle, fit_circle, otsu,
-                                  pooled, smooth_masked, surface_points)
+from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, consensus_circle, empty_share,
+                                  fit_circle, flat_face, otsu, pooled, smooth_masked, surface_points)
 from ctpore.data.wall import fit_wall, inner_points
 
 __all__ = ["CYLINDER_SPREAD", "CYLINDER_SPREAD_REL", "MAX_SLICES", "Cylinder", "Envelope",
@@ -69,6 +71,14 @@ _ARC = 8.0
 #: phases (a quarter of a sector apart for 4): a core wider than the field of view shows air in its
 #: corners only, in a few sectors each.
 RESTART_PHASES = 4
+
+#: A restart whose refit spreads too much is kept on the points on its surface alone when they are at
+#: least this share of the points, the rest inside it (pores open at the surface; :func:`_one_sided`).
+ONE_SIDED_SHARE = 0.5
+
+#: A cylinder with more than this share of its sectors empty (no material from the axis to its surface)
+#: is no cylinder: a core sawn in half along its axis shows its round side only.
+EMPTY_SHARE = 0.1
 
 
 @dataclass
@@ -209,7 +219,9 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_
 
     again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, seen, rounds=2, phases=phases)
     if again is None or not _mad(res) / px <= cylinder_spread_limit(again.radius_mm, px):
-        return None
+        again, res, prof, n2 = _one_sided(slices, valid, zs, spacing, start, r_max, seen, phases)
+        if again is None:
+            return None
     cut = 0  # a sector whose circle lies beyond the slice's edge is cut there
     for phase in phases:
         q = SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, phase)
@@ -217,6 +229,34 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_
         beyond = set(np.flatnonzero(~within(again, q.angle(np.arange(n2)))).tolist()) - have
         cut += len(beyond) + _cut_sectors(q, have | beyond, level)
     return again, res, prof, n2, (len(res), n2 * len(phases), cut)
+
+
+def _one_sided(slices, valid, zs, spacing, start: Cylinder, r_max: float, seen, phases):
+    """The surface the consensus circle ``start`` stands for, where pores open at it put many points
+    inside it (a vug, a vesicle cut by the surface through every slice read): refitted on the points
+    within the spread a cylinder may have of it (``seen``'s points, two rounds), and kept when those
+    are at least half of the points (:data:`ONE_SIDED_SHARE`), at most 2% lie outside it (material
+    beyond a surface) and they spread as little as a cylinder may. ``_circle_rounds``' answer, or Nones."""
+    px = min(spacing[1], spacing[2])
+
+    def off(pts, c):  # (distances outside c, the most a cylinder's points may spread)
+        cy, cx = c.centre_at(c.z_ref)
+        return np.hypot(pts[:, 0] - cy, pts[:, 1] - cx) - c.radius_mm, cylinder_spread_limit(c.radius_mm, px) * px
+
+    def on_surface(prof2, c):
+        pts, ks = seen(prof2, c)
+        d, tol = off(pts, c)
+        return pts[np.abs(d) <= tol], ks[np.abs(d) <= tol]
+
+    again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, on_surface, rounds=2, phases=phases)
+    if again is None or not _mad(res) <= cylinder_spread_limit(again.radius_mm, px) * px:
+        return None, None, None, None
+    pts = np.concatenate([seen(SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, ph), again)[0]
+                          for ph in phases])
+    d, tol = off(pts, again)
+    if np.sum(np.abs(d) <= tol) < ONE_SIDED_SHARE * len(d) or np.sum(d > tol) > 0.02 * len(d):
+        return None, None, None, None
+    return again, res, prof, n2
 
 
 def _mad(res: np.ndarray) -> float:
@@ -314,6 +354,10 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, tilted, r_max, outer, rounds=2)
         if again is not None and _mad(res2) <= _mad(res):  # the tilt kept only where it fits better
             fitted, res, prof, n_sectors, counts = again, res2, prof2, n2, None
+    # a core sawn or broken along its axis: a flat face, or sectors with no material at all
+    face = cylinder_like and (empty_share(prof, fitted, rise, px) > EMPTY_SHARE or flat_face(
+        slices, valid, zs, spacing, fitted, prof, r_max, outer, cylinder_spread_limit(fitted.radius_mm, px) * px))
+    cylinder_like = cylinder_like and not face
     if counts is None:
         _, have = outer(prof, fitted)
         counts = (len(res), n_sectors, _cut_sectors(prof, set(have.tolist()), 0.5 * (air + material)))
@@ -348,7 +392,7 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         env.cylinder, env.wall, env.points, env.sectors = sample, wall, int(len(res)), n_sectors
     mad = 1.4826 * float(np.median(np.abs(res - np.median(res)))) if res.size else float("nan")
     env.spread_vox = mad / px
-    if env.wall is None and not env.spread_vox <= cylinder_spread_limit(fitted.radius_mm, px):
+    if env.wall is None and (face or not env.spread_vox <= cylinder_spread_limit(fitted.radius_mm, px)):
         # not a cylinder: the outline of each slab (a block, a prism)
         k = int(np.clip(2 * np.pi * fitted.radius_mm / (4.0 * px), 64, 360))
         env.kind = "outline"

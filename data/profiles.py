@@ -18,8 +18,8 @@ from typing import Optional
 import numpy as np
 from scipy import ndimage as ndi
 
-__all__ = ["BIN", "PROFILE_PIXELS", "Cylinder", "SectorProfiles", "consensus_circle", "fit_circle", "otsu",
-           "outer_edge", "pooled", "smooth_masked", "surface_points"]
+__all__ = ["BIN", "FACE_SPAN_DEG", "PROFILE_PIXELS", "Cylinder", "SectorProfiles", "consensus_circle", "empty_share",
+           "fit_circle", "flat_face", "otsu", "outer_edge", "pooled", "smooth_masked", "straight_run", "surface_points"]
 
 #: Profiles read about this many pixels of each slice (a grid of every n-th pixel of a larger one).
 PROFILE_PIXELS = 512 * 512
@@ -247,6 +247,85 @@ def consensus_circle(points: np.ndarray, tol: float, max_triples: int = 4000) ->
     if count[best] < 6:
         return None
     return float(cy[best]), float(cx[best]), float(r[best])
+
+
+#: A run of surface points inside a circle that spans at least this many degrees about its centre,
+#: lies on a straight line and reaches deeper at its middle than at its ends is a flat face (a core
+#: sawn or broken along its axis), not pores. (A chord of 40 degrees lies 6% of the radius inside the
+#: circle at its middle.)
+FACE_SPAN_DEG = 40.0
+
+
+def straight_run(points: np.ndarray, depth: np.ndarray, centre: tuple[float, float], gap: float,
+                 tol: float) -> Optional[np.ndarray]:
+    """The indices of a run of the surface ``points`` (y, x) deeper than ``tol`` inside a circle about
+    ``centre`` (``depth``: inside it, > 0) that may be a flat face, or None: in the order of their
+    angle (neighbours at most ``gap`` radians apart), spanning :data:`FACE_SPAN_DEG` or more, their
+    distances to their own best line of RMS at most ``tol``, and their depths differing by ``2 * tol``
+    or more (a band at one depth is a circle fitted a little off). The far wall of a pore open at the
+    surface can be as straight; it changes along the axis, a face does not."""
+    depth = np.asarray(depth, float)
+    inward = np.flatnonzero(depth > tol)
+    if len(inward) < 3:
+        return None
+    ang = np.arctan2(points[inward, 0] - centre[0], points[inward, 1] - centre[1])
+    order = np.argsort(ang)
+    a, idx = ang[order], inward[order]
+    n = len(a)
+    ends = np.flatnonzero(np.diff(np.concatenate([a, [a[0] + 2 * np.pi]])) > gap)  # a run ends after each
+    runs = [np.arange(n)] if not ends.size else []  # no gap: all round, one run
+    for e0, e1 in zip(ends, np.roll(ends, -1)):
+        runs.append((e0 + 1 + np.arange((e1 - e0 - 1) % n + 1)) % n)
+    for run in runs:
+        span = (a[run[-1]] - a[run[0]]) % (2 * np.pi)
+        if len(run) < 3 or math.degrees(span) < FACE_SPAN_DEG or np.ptp(depth[idx[run]]) < 2 * tol:
+            continue
+        q = points[idx[run]]
+        if float(np.linalg.svd(q - q.mean(axis=0), compute_uv=False)[-1]) / math.sqrt(len(run)) <= tol:
+            return idx[run]
+    return None
+
+
+def flat_face(slices, valid, zs, spacing, c: Cylinder, prof: SectorProfiles, r_max: float, points_fn,
+              tol: float) -> bool:
+    """Whether the surface points inside ``c`` (``prof``'s, deeper than ``tol``: the most a cylinder's
+    surface points may spread) hold a flat face along the axis (a core sawn in half, or broken),
+    which a robust fit leaves out as it leaves out pores open at the surface: a straight run of them
+    (:func:`straight_run`) that stays where it is in four groups of the slices (three in four of its
+    points within ``2 * tol``; a pore's far wall moves along the axis). ``points_fn(prof, c)`` gives
+    the surface points and their sectors."""
+    cy, cx = c.centre_at(c.z_ref)
+
+    def depths(q):
+        pts, ks = points_fn(q, c)
+        return pts, ks, c.radius_mm - np.hypot(pts[:, 0] - cy, pts[:, 1] - cx)
+
+    pts, ks, d = depths(prof)
+    run = straight_run(pts, d, (cy, cx), 2.01 * 2 * np.pi / prof.n_sectors, tol)  # (a sector may lack a point)
+    if run is None:
+        return False
+    if len(zs) < 8:
+        return True
+    moved = []  # how far each point of the run moves in each group, where the group shows it
+    for g in np.array_split(np.arange(len(zs)), 4):
+        q = SectorProfiles([slices[i] for i in g], [valid[i] for i in g], [zs[i] for i in g], spacing, c,
+                           prof.n_sectors, r_max)
+        _, gk, gd = depths(q)
+        at = dict(zip(gk.tolist(), gd.tolist()))
+        moved += [abs(at[k] - dk) for k, dk in zip(ks[run].tolist(), d[run].tolist()) if k in at]
+    return len(moved) >= 2 * len(run) and float(np.percentile(moved, 75)) <= 2 * tol
+
+
+def empty_share(prof: SectorProfiles, c: Cylinder, rise: float, px: float) -> float:
+    """The share of sectors whose profile stays below ``rise`` from the axis to 3 voxels (``px``)
+    short of ``c``'s surface: no material there (half of a core sawn in half), where pores, averaged
+    over a sector and the slices read, never darken a whole ray."""
+    within = np.arange(prof.nb) * prof.step < c.radius_mm - 3 * px
+    empty = 0
+    for k in range(prof.n_sectors):
+        ok = within & prof.covered[k] & np.isfinite(prof.mean[k])
+        empty += int(ok.sum() >= 3 and bool(np.all(prof.mean[k, ok] < rise)))
+    return empty / max(prof.n_sectors, 1)
 
 
 def surface_points(prof: SectorProfiles, cyl: Cylinder, z_ref: float, air: float, rise: float, step_vox: float,

@@ -139,17 +139,22 @@ def bench_sample(n: int = 6, shape=(24, 160, 160), seed_base: int = SAMPLE_SEED_
 
 def _settings() -> str:
     """The rules the sample is found by, in words with their values (from the code)."""
-    from ctpore.data.envelope import CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES, RESTART_PHASES
+    from ctpore.data.envelope import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, EMPTY_SHARE, MAX_SLICES, ONE_SIDED_SHARE,
+                                      RESTART_PHASES)
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
-    from ctpore.data.profiles import OUTSIDE_WEIGHT
+    from ctpore.data.profiles import FACE_SPAN_DEG, OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
 
     return (f"The fit reads {MAX_SLICES} slices spread along the scan. A cylinder describes the sample when its "
             f"surface points spread about it by at most {CYLINDER_SPREAD} voxels or {100 * CYLINDER_SPREAD_REL:g}% "
             "of its radius (whichever is more), or does so once restarted from the circle that most surface points "
             f"(of the sectors turned by {RESTART_PHASES} phases) agree on, each point outside it counting "
-            f"{OUTSIDE_WEIGHT} against it, and refitted on the points where that circle lies within the slice; "
-            "otherwise each slab's outline is the convex hull of its material, "
+            f"{OUTSIDE_WEIGHT} against it, and refitted on the points where that circle lies within the slice, or "
+            f"on those on it alone where they are {100 * ONE_SIDED_SHARE:g}% of them or more and at most 2% lie "
+            "outside it (pores open at the surface); a cylinder whose points inside it hold a straight run over "
+            f"{FACE_SPAN_DEG:g} degrees or more that stays put along the axis (a flat face), or with more than "
+            f"{100 * EMPTY_SHARE:g}% of its sectors empty, is a core sawn or broken along its axis; "
+            "otherwise, and for those, each slab's outline is the convex hull of its material, "
             f"or the smallest rectangle around it when the hull fills {100 * BLOCK_FILL:g}% of it in half the fit's "
             "slices, or the hull of their material together does (a block); an outline is uncertain where more than "
             f"{100 * OUTLINE_STRAY:g}% of a band {STRAY_BAND[0]} to {STRAY_BAND[1]} pixels of the fit's grid outside "
