@@ -24,8 +24,8 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    once from the circle most surface points agree on, a point outside it counting against it (a
    pore puts a false point inside the surface, never outside), and refitted on the points where
    that circle lies within the slice (a core wider than the slice, seen in its corners only, with
-   pores cut by the slice's edge), or on those on the circle alone where half of them are and
-   none outside (vugs open at the surface); kept where it then spreads as little as a cylinder may.
+   pores cut by the slice's edge), or on those on the circle alone where half of them are and at
+   most 2% outside (vugs open at the surface); kept where it then spreads as little as a cylinder may.
    A block or a prism still fits badly, and a core sawn or broken along its axis shows a flat face
    (surface points inside the circle on a line that stays put along the axis) or sectors with no
    material: its outline is taken instead (:class:`~ctpore.data.outline.Outline`: slab by slab,
@@ -44,8 +44,8 @@ from typing import Optional
 import numpy as np
 
 from ctpore.data.outline import Outline
-from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, consensus_circle, empty_share,
-                                  fit_circle, flat_face, otsu, pooled, smooth_masked, surface_points)
+from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, consensus_circle, fit_circle, otsu,
+                                  pooled, sawn, smooth_masked, surface_points)
 from ctpore.data.wall import fit_wall, inner_points
 
 __all__ = ["CYLINDER_SPREAD", "CYLINDER_SPREAD_REL", "MAX_SLICES", "Cylinder", "Envelope",
@@ -73,12 +73,8 @@ _ARC = 8.0
 RESTART_PHASES = 4
 
 #: A restart whose refit spreads too much is kept on the points on its surface alone when they are at
-#: least this share of the points, the rest inside it (pores open at the surface; :func:`_one_sided`).
+#: least this share of the points, at most 2% outside it (pores open at the surface; :func:`_one_sided`).
 ONE_SIDED_SHARE = 0.5
-
-#: A cylinder with more than this share of its sectors empty (no material from the axis to its surface)
-#: is no cylinder: a core sawn in half along its axis shows its round side only.
-EMPTY_SHARE = 0.1
 
 
 @dataclass
@@ -192,7 +188,8 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_
     in its corners only, with pores cut by the slice's edge) pull a least-squares fit between them and
     the true ones. Refitted from there on the points where the circle itself lies within the slice:
     where it lies beyond the slice's edge, the air a sector shows is a pore cut by the edge, not the
-    outside. Kept only where it then spreads as little as a cylinder may: returns (cylinder,
+    outside; else on the points on that circle alone (:func:`_one_sided`). Kept only where it then
+    spreads as little as a cylinder may: returns (cylinder,
     residuals, the first phase's profiles, sectors per phase, (surface points, sectors, cut sectors)
     over every phase), or None."""
     px = min(spacing[1], spacing[2])
@@ -249,7 +246,7 @@ def _one_sided(slices, valid, zs, spacing, start: Cylinder, r_max: float, seen, 
         return pts[np.abs(d) <= tol], ks[np.abs(d) <= tol]
 
     again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, on_surface, rounds=2, phases=phases)
-    if again is None or not _mad(res) <= cylinder_spread_limit(again.radius_mm, px) * px:
+    if again is None or len(res) < 6 or not _mad(res) <= cylinder_spread_limit(again.radius_mm, px) * px:
         return None, None, None, None
     pts = np.concatenate([seen(SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, ph), again)[0]
                           for ph in phases])
@@ -355,9 +352,6 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         if again is not None and _mad(res2) <= _mad(res):  # the tilt kept only where it fits better
             fitted, res, prof, n_sectors, counts = again, res2, prof2, n2, None
     # a core sawn or broken along its axis: a flat face, or sectors with no material at all
-    face = cylinder_like and (empty_share(prof, fitted, rise, px) > EMPTY_SHARE or flat_face(
-        slices, valid, zs, spacing, fitted, prof, r_max, outer, cylinder_spread_limit(fitted.radius_mm, px) * px))
-    cylinder_like = cylinder_like and not face
     if counts is None:
         _, have = outer(prof, fitted)
         counts = (len(res), n_sectors, _cut_sectors(prof, set(have.tolist()), 0.5 * (air + material)))
@@ -392,7 +386,10 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         env.cylinder, env.wall, env.points, env.sectors = sample, wall, int(len(res)), n_sectors
     mad = 1.4826 * float(np.median(np.abs(res - np.median(res)))) if res.size else float("nan")
     env.spread_vox = mad / px
-    if env.wall is None and (face or not env.spread_vox <= cylinder_spread_limit(fitted.radius_mm, px)):
+    limit = cylinder_spread_limit(fitted.radius_mm, px)
+    face = env.wall is None and cylinder_like and sawn(  # a core sawn or broken along its axis
+        slices, valid, zs, spacing, fitted, n_sectors, r_max, outer, rise, limit * px)
+    if env.wall is None and (face or not env.spread_vox <= limit):
         # not a cylinder: the outline of each slab (a block, a prism)
         k = int(np.clip(2 * np.pi * fitted.radius_mm / (4.0 * px), 64, 360))
         env.kind = "outline"

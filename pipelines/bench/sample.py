@@ -139,10 +139,9 @@ def bench_sample(n: int = 6, shape=(24, 160, 160), seed_base: int = SAMPLE_SEED_
 
 def _settings() -> str:
     """The rules the sample is found by, in words with their values (from the code)."""
-    from ctpore.data.envelope import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, EMPTY_SHARE, MAX_SLICES, ONE_SIDED_SHARE,
-                                      RESTART_PHASES)
+    from ctpore.data.envelope import CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES, ONE_SIDED_SHARE, RESTART_PHASES
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
-    from ctpore.data.profiles import FACE_SPAN_DEG, OUTSIDE_WEIGHT
+    from ctpore.data.profiles import EMPTY_SHARE, FACE_SPAN_DEG, OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
 
     return (f"The fit reads {MAX_SLICES} slices spread along the scan. A cylinder describes the sample when its "
