@@ -78,7 +78,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     60% of the sectors).
     Where the best fit has the sample's disc reaching into the wall beyond that (their levels added
     where they overlap, which no sample does), it is fitted again with the disc held inside the wall,
-    and such a wall must be no more textured than the sample.
+    and such a wall, like any the sample's disc reaches into within its blur, must be no more textured
+    than the sample.
     """
     from scipy.optimize import least_squares
     from scipy.special import ndtr
@@ -202,7 +203,7 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     distinct = gap >= 1.5 * px or abs(w_m - s_m) >= DISTINCT_LEVEL or s_v - w_v >= DISTINCT_TEXTURE
     evidence = distinct and (gain >= 25.0 or (gain >= 5.0 and own) or (gain >= 1.5 and w_v <= CLEARLY_UNIFORM * s_v))
     at_bound = thickness <= lo[0] * 1.02 or thickness >= hi[0] * 0.98  # the fit ran into its limits: no wall
-    uniform = w_v <= s_v or not held_in
+    uniform = w_v <= s_v or (not held_in and gap >= 0.0)  # a wall the sample reaches into is the less textured
     if not (evidence and uniform and not at_bound and holds(best.x) and w_m > 0 and seen >= 0.6):
         return None
     return {"outer": cyl, "r_in": r_in, "r_out": r_out, "thickness_mm": thickness,
