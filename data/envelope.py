@@ -215,14 +215,22 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_
         return pts2[keep], ks[keep]
 
     again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, seen, rounds=2, phases=phases)
-    if again is None or not _mad(res) / px <= cylinder_spread_limit(again.radius_mm, px):
+    one_sided = again is None or not _mad(res) / px <= cylinder_spread_limit(again.radius_mm, px)
+    if one_sided:
         again, res, prof, n2 = _one_sided(slices, valid, zs, spacing, start, r_max, seen, phases)
         if again is None:
             return None
+    qs = [SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, phase) for phase in phases]
+    shown = [seen(q, again) for q in qs]
+    if one_sided:  # half the points or more on the circle, at most 2% outside it (material beyond a surface)
+        cy, cx = again.centre_at(again.z_ref)
+        pts = np.concatenate([p for p, _ in shown])
+        d, tol = np.hypot(pts[:, 0] - cy, pts[:, 1] - cx) - again.radius_mm, cylinder_spread_limit(again.radius_mm, px)
+        if np.sum(np.abs(d) <= tol * px) < ONE_SIDED_SHARE * len(d) or np.sum(d > tol * px) > 0.02 * len(d):
+            return None
     cut = 0  # a sector whose circle lies beyond the slice's edge is cut there
-    for phase in phases:
-        q = SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, phase)
-        have = set(seen(q, again)[1].tolist())
+    for q, (_, ks) in zip(qs, shown):
+        have = set(ks.tolist())
         beyond = set(np.flatnonzero(~within(again, q.angle(np.arange(n2)))).tolist()) - have
         cut += len(beyond) + _cut_sectors(q, have | beyond, level)
     return again, res, prof, n2, (len(res), n2 * len(phases), cut)
@@ -231,27 +239,20 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_
 def _one_sided(slices, valid, zs, spacing, start: Cylinder, r_max: float, seen, phases):
     """The surface the consensus circle ``start`` stands for, where pores open at it put many points
     inside it (a vug, a vesicle cut by the surface through every slice read): refitted on the points
-    within the spread a cylinder may have of it (``seen``'s points, two rounds), and kept when those
-    are at least half of the points (:data:`ONE_SIDED_SHARE`), at most 2% lie outside it (material
-    beyond a surface) and they spread as little as a cylinder may. ``_circle_rounds``' answer, or Nones."""
+    within the spread a cylinder may have of it (``seen``'s points, two rounds); ``_circle_rounds``'
+    answer where at least 6 such points spread as little as a cylinder may, else Nones. The caller
+    keeps it where those are at least :data:`ONE_SIDED_SHARE` of all the points, at most 2% outside it."""
     px = min(spacing[1], spacing[2])
-
-    def off(pts, c):  # (distances outside c, the most a cylinder's points may spread)
-        cy, cx = c.centre_at(c.z_ref)
-        return np.hypot(pts[:, 0] - cy, pts[:, 1] - cx) - c.radius_mm, cylinder_spread_limit(c.radius_mm, px) * px
 
     def on_surface(prof2, c):
         pts, ks = seen(prof2, c)
-        d, tol = off(pts, c)
-        return pts[np.abs(d) <= tol], ks[np.abs(d) <= tol]
+        cy, cx = c.centre_at(c.z_ref)
+        tol = cylinder_spread_limit(c.radius_mm, px) * px
+        near = np.abs(np.hypot(pts[:, 0] - cy, pts[:, 1] - cx) - c.radius_mm) <= tol
+        return pts[near], ks[near]
 
     again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, on_surface, rounds=2, phases=phases)
     if again is None or len(res) < 6 or not _mad(res) <= cylinder_spread_limit(again.radius_mm, px) * px:
-        return None, None, None, None
-    pts = np.concatenate([seen(SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, ph), again)[0]
-                          for ph in phases])
-    d, tol = off(pts, again)
-    if np.sum(np.abs(d) <= tol) < ONE_SIDED_SHARE * len(d) or np.sum(d > tol) > 0.02 * len(d):
         return None, None, None, None
     return again, res, prof, n2
 
@@ -351,7 +352,6 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, tilted, r_max, outer, rounds=2)
         if again is not None and _mad(res2) <= _mad(res):  # the tilt kept only where it fits better
             fitted, res, prof, n_sectors, counts = again, res2, prof2, n2, None
-    # a core sawn or broken along its axis: a flat face, or sectors with no material at all
     if counts is None:
         _, have = outer(prof, fitted)
         counts = (len(res), n_sectors, _cut_sectors(prof, set(have.tolist()), 0.5 * (air + material)))

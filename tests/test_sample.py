@@ -542,13 +542,14 @@ def test_an_outline_that_leaves_material_out_is_uncertain():
 
 @pytest.mark.parametrize("face", [None, 24, 0, -12])
 def test_a_core_with_vugs_open_at_its_surface_is_a_cylinder_but_one_cut_flat_is_not(face):
-    """Vugs open at a core's surface through every slice read put a quarter of its surface points inside
-    its circle, on their far walls: the core is a cylinder, to half a voxel. A core cut flat along its
-    axis (sawn or broken; the face ``face`` voxels from the axis) is not: the fit took it for a whole
-    cylinder, the air beyond its face for sample (IoU 0.86 with the face 24 voxels out, called
-    confident; 0.51 for a core sawn in half, 0.31 for a third of one). A face puts its surface points
-    inside the circle on a straight line that stays where it is along the axis, where a pore's far
-    wall moves; half a core leaves half the sectors with no material at all. Its outline is drawn."""
+    """Vugs open at a core's surface through every slice read put many of its surface points inside
+    its circle, on their far walls, which curve and are no face: the core is a cylinder, to half a
+    voxel. A core cut flat along its axis (sawn or broken; the face ``face`` voxels from the axis) is
+    not: the fit took it for a whole cylinder, the air beyond its face for sample (IoU 0.86 with the
+    face 24 voxels out, called confident; 0.51 for a core sawn in half, 0.31 for a third of one). A
+    face puts its surface points inside the circle on a straight line that stays where it is along
+    the axis, where a pore's far wall moves; half a core leaves half the sectors with no material at
+    all. Its outline is drawn."""
     from ctpore.data.sample import find_sample
 
     rng = np.random.default_rng(7)
