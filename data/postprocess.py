@@ -21,7 +21,9 @@
 ``zmix``
     The z-neighbour refit (:mod:`ctpore.data.zmix`), fitted on a user's labels by ``ctpore
     finetune``: applied to the raw probabilities first (every rule and the calibration then act
-    on its output), each slab read with one slice of halo on each side. None: off.
+    on its output), each slab read with one slice of halo on each side. None: off. With
+    ``"pores": "raw"`` in it, the pores are decided on the raw probabilities and the refit shapes
+    the probability map alone (the fine-tuning refit chooses which by the labels' topology).
 ``binary``
     The method gives 0/1 pores, not probabilities (the thresholding methods): its probability map
     is its final pores.
@@ -104,6 +106,8 @@ class Postprocessing:
             w = self.zmix.get("w") if isinstance(self.zmix, dict) else None
             if not isinstance(w, (list, tuple)) or len(w) != 4 or not all(math.isfinite(float(v)) for v in w):
                 raise InputError(f"the z-neighbour refit needs four finite numbers under 'w', got {self.zmix!r}")
+            if self.zmix.get("pores", "refit") not in ("refit", "raw"):
+                raise InputError(f"the z-neighbour refit's 'pores' is 'refit' or 'raw', got {self.zmix['pores']!r}")
 
     # -- what it does -------------------------------------------------------------------------
 
@@ -111,6 +115,12 @@ class Postprocessing:
     def pore_rule(self) -> bool:
         """Whether some pore components may be removed (a component pass is needed)."""
         return self.min_size > 1 or self.min_pore_voxels > 1 or self.confidence is not None
+
+    @property
+    def pores_on_raw(self) -> bool:
+        """Whether the pores are decided on the raw probabilities while the z-neighbour refit
+        shapes the probability map alone."""
+        return self.zmix is not None and not self.binary and self.zmix.get("pores") == "raw"
 
     @property
     def solid_rule(self) -> bool:
@@ -125,7 +135,8 @@ class Postprocessing:
         """The rules as the metrics record them (the calibration only as whether there is one)."""
         return {"threshold": float(self.threshold), "confidence": self.confidence, "min_size": int(self.min_size),
                 "min_pore_voxels": int(self.min_pore_voxels), "calibrated": self.calibration is not None,
-                **({} if self.zmix is None else {"z_neighbour_refit": [round(float(v), 4) for v in self.zmix["w"]]})}
+                **({} if self.zmix is None else {"z_neighbour_refit": [round(float(v), 4) for v in self.zmix["w"]],
+                                                 "pores_on": "raw" if self.pores_on_raw else "z-refit"})}
 
     # -- stored with weights ------------------------------------------------------------------
 
@@ -205,7 +216,8 @@ class Postprocessing:
         progress : callable, optional
             ``progress(done, total, stage)``.
         """
-        read = self.mixing(read, int(shape[0]))
+        mixed = self.mixing(read, int(shape[0]))
+        read = read if self.pores_on_raw else mixed  # what the pores are decided on
         cuts = slab_cuts(int(shape[0]), slab)
         steps = len(cuts) * (1 + self.pore_rule + self.solid_rule)
         done = 0
@@ -247,6 +259,8 @@ class Postprocessing:
             if fill_solid is not None:
                 pores |= fill_solid[solid_cc.labels(~pores, i)]
             pores = pores.view(np.uint8)
+            if read is not mixed:
+                prob = mixed(a, b)
             if self.binary:
                 prob = pores.astype(np.float32)
             elif self.calibration is not None:
@@ -273,7 +287,8 @@ class Postprocessing:
         returned in the order of ``cuts``.
         """
         run = map_fn or (lambda fn, items: [fn(it) for it in items])
-        read = self.mixing(read, int(cuts[-1][1]) if cuts else 0)
+        mixed = self.mixing(read, int(cuts[-1][1]) if cuts else 0)
+        read = read if self.pores_on_raw else mixed  # what the pores are decided on
         groups = groups if groups is not None else [[i] for i in range(len(cuts))]
         if sorted(i for g in groups for i in g) != list(range(len(cuts))):
             raise ValueError("the groups must hold every cut once")
@@ -332,6 +347,8 @@ class Postprocessing:
             if fill_i is not None:
                 pores |= fill_i[solid_labels.own_labels(~pores)]
             pores = pores.view(np.uint8)
+            if read is not mixed:
+                prob = mixed(*ab)
             if self.binary:
                 prob = pores.astype(np.float32)
             elif self.calibration is not None:

@@ -116,3 +116,31 @@ def test_a_model_sure_of_everything_and_often_wrong_gives_a_finite_fit_no_worse_
         return float(-np.mean(t * np.log(q) + (~t) * np.log(1 - q)))
 
     assert ce(mix_volume(p, {"w": w})) < ce(mix_volume(p, {"w": [1.0, 0.0, 0.0, 0.0]}))
+
+
+@pytest.mark.parametrize("slab", [1, 3, 24])
+def test_pores_decided_on_the_raw_probabilities_leave_the_refit_to_the_map(slab):
+    """With ``"pores": "raw"`` the pores are those of the same rules without the refit, the
+    probability map that of the refit, slab by slab, in a split run and as stored with the weights."""
+    p = smooth(seed=5)
+    rules = {"threshold": 0.5, "confidence": 0.9}
+    post = Postprocessing(**rules, zmix={**W, "pores": "raw"})
+    want_pores = Postprocessing(**rules).apply(p)[0]
+    want_prob = Postprocessing(**rules, zmix=W).apply(p)[1]
+    assert not np.array_equal(want_pores, Postprocessing(**rules, zmix=W).apply(p)[0])  # the case tells them apart
+    pores, prob = np.zeros(p.shape, np.uint8), np.zeros(p.shape, np.float32)
+
+    def keep(a, b, q, r):
+        pores[a:b], prob[a:b] = q, r
+
+    post.run(lambda a, b: p[a:b].copy(), p.shape, slab, keep)
+    assert np.array_equal(pores, want_pores) and np.array_equal(prob, want_prob)
+    cuts = [(a, min(a + slab, p.shape[0])) for a in range(0, p.shape[0], slab)]
+    parts = post.run_split(lambda a, b: p[a:b].copy(), cuts, lambda a, b, q, r: (q.copy(), r.copy()))
+    assert np.array_equal(np.concatenate([q for q, _ in parts]), want_pores)
+    assert np.array_equal(np.concatenate([r for _, r in parts]), want_prob)
+    back = Postprocessing.from_metadata(post.to_metadata())
+    assert back.pores_on_raw and back.describe()["pores_on"] == "raw"
+    assert not Postprocessing(zmix=W).pores_on_raw
+    with pytest.raises(Exception, match="'refit' or 'raw'"):
+        Postprocessing(zmix={**W, "pores": "smooth"})

@@ -56,7 +56,8 @@ def network_input(volume: np.ndarray, geometry, sample: Any = "auto") -> np.ndar
 def _figures(raw: list, post, splits: list[Split]) -> dict:
     """Held-back figures over every scan (voxel-weighted MSE and Dice, summed 2D Euler errors,
     the mean boundary shift) of what ``reconstruct`` would write with ``post``."""
-    rows = [held_figures(mix_volume(r, post.zmix), post.threshold, s, post.calibration) for r, s in zip(raw, splits)]
+    rows = [held_figures(mix_volume(r, post.zmix), post.threshold, s, post.calibration,
+                         decide=r if post.pores_on_raw else None) for r, s in zip(raw, splits)]
     n = sum(r["voxels"] for r in rows)
     return {"mse": sum(r["mse"] * r["voxels"] for r in rows) / max(n, 1),
             "dice": sum(r["dice"] * r["voxels"] for r in rows) / max(n, 1),

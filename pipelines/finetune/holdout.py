@@ -30,7 +30,7 @@ from scipy import ndimage as ndi
 from ctpore.data.calibration import apply_calibration
 from ctpore.data.sparse_labels import PORE, UNLABELLED
 
-__all__ = ["Split", "hold_out", "held_figures", "HOLD_SHARE"]
+__all__ = ["Split", "hold_out", "held_figures", "plane_euler_error", "HOLD_SHARE"]
 
 #: The share of each plane's labelled pixels a block hold-out keeps back (fewer than 3 planes).
 HOLD_SHARE = 0.2
@@ -96,6 +96,23 @@ def _euler_2d(mask: np.ndarray) -> int:
     return int(euler_number(mask, connectivity=2)) if mask.any() else 0
 
 
+def plane_euler_error(pores: np.ndarray, labels: np.ndarray) -> int:
+    """The summed |2D Euler error| of ``pores`` against ``labels`` (0 / 1 pore / 2 solid) over the
+    labelled planes of the view painted in (the axis with the fewest labelled planes, as
+    :func:`hold_out` takes it), each plane's labelled pixels only."""
+    lab = np.asarray(labels)
+    axis = int(np.argmin([len(_planes(lab, a)) for a in range(3)]))
+    idx: list = [slice(None)] * 3
+    err = 0
+    for plane in _planes(lab, axis):
+        idx[axis] = plane
+        part = lab[tuple(idx)]
+        labelled = part != UNLABELLED
+        pred = np.asarray(pores)[tuple(idx)].astype(bool) & labelled
+        err += abs(_euler_2d(pred) - _euler_2d(part == PORE))
+    return int(err)
+
+
 def _signed_boundary(pred: np.ndarray, truth: np.ndarray, labelled: np.ndarray) -> tuple[float, float, int, int]:
     """Where the predicted boundary lies against the labelled one: the signed distance to the labels'
     pore boundary (half a voxel at the pixels either side of it; positive outside the labelled
@@ -111,16 +128,19 @@ def _signed_boundary(pred: np.ndarray, truth: np.ndarray, labelled: np.ndarray) 
     return float(signed[inner].sum()), float(signed[outer].sum()), int(inner.sum()), int(outer.sum())
 
 
-def held_figures(prob: np.ndarray, threshold: float, split: Split, calibration: Optional[dict] = None) -> dict:
+def held_figures(prob: np.ndarray, threshold: float, split: Split, calibration: Optional[dict] = None,
+                 decide: Optional[np.ndarray] = None) -> dict:
     """The held-back figures of a raw probability map (module docstring): ``mse`` (of the
     probability as ``reconstruct`` writes it, ``calibration`` applied), ``dice``, ``euler_2d`` (per
     held plane: ``[pred, labels]``), ``euler_2d_error`` (summed absolute error),
-    ``boundary_shift_vox``, ``voxels``; the pores are the raw probability at ``threshold`` or above."""
+    ``boundary_shift_vox``, ``voxels``; the pores are ``decide`` (default ``prob``) at ``threshold``
+    or above."""
     held = split.held
     where = held != UNLABELLED
     truth = held[where] == PORE
     raw = np.asarray(prob)[where].astype(np.float32)
-    pores = raw >= threshold
+    decide = prob if decide is None else decide
+    pores = np.asarray(decide)[where] >= threshold
     p = apply_calibration(raw, calibration).astype(np.float64)
     inter = int(np.count_nonzero(pores & truth))
     denom = int(np.count_nonzero(pores)) + int(np.count_nonzero(truth))
@@ -134,7 +154,7 @@ def held_figures(prob: np.ndarray, threshold: float, split: Split, calibration: 
         labelled = lab != UNLABELLED
         if not labelled.any():
             continue
-        pred = (np.asarray(prob)[tuple(idx)] >= threshold) & labelled
+        pred = (np.asarray(decide)[tuple(idx)] >= threshold) & labelled
         lab_pore = lab == PORE
         eulers.append([_euler_2d(pred), _euler_2d(lab_pore)])
         sums += _signed_boundary(pred, lab_pore, labelled)
