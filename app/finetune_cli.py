@@ -35,7 +35,8 @@ __all__ = ["finetune"]
 @_option("--dense", is_flag=True, show_default=True,
          help="The labels are dense truths (1 pore, 0 solid, every voxel) rather than sparse labels.")
 @_option("--calibrate-only", is_flag=True, show_default=True,
-         help="Keep the network; refit only the threshold, the evidence rule and the calibration (seconds).")
+         help="Keep the network; refit only the post-processing (the z-neighbour refit, the pores' "
+              "threshold and evidence rule, the calibration): seconds.")
 @_option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda, cuda:1, ...")
 @_option("--overwrite", is_flag=True, show_default=True, help="Replace an existing OUT.")
 @_option("--json", "as_json", is_flag=True, show_default=True, help="Print the report as JSON.")
