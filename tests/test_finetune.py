@@ -269,24 +269,27 @@ def test_the_other_scanner_and_labeller_are_what_the_bench_says():
     assert scan[:, 12:18, 12:18].mean() < scan[:, 24:, 24:].mean()
 
 
-def _fragment_scene():
+def _fragment_scene(side: int = 30, fragment: tuple = (1, 2)):
     """Three slices, the middle one labelled: one labelled pore, which the model sees as a sure
-    part and, past a line it misses (p 0.05 < every threshold), a fragment it is unsure of (p 0.6)."""
-    prob = np.full((3, 24, 24), 0.01, np.float32)
-    prob[:, 4:14, 4:12] = 0.99
-    prob[:, 4:14, 12] = 0.05
-    prob[:, 7:11, 13:16] = 0.6
+    square of ``side`` and, past a line it misses (p 0.05 < every threshold), a fragment of
+    ``fragment`` pixels it is unsure of (p 0.6)."""
+    n = side + 12
+    prob = np.full((3, n, n), 0.01, np.float32)
+    prob[:, 4:4 + side, 4:4 + side] = 0.99
+    prob[:, 4:4 + side, 4 + side] = 0.05
+    fy, fx = fragment
+    prob[:, 6:6 + fy, 5 + side:5 + side + fx] = 0.6
     truth = np.zeros(prob.shape, bool)
-    truth[:, 4:14, 4:13] = True
-    truth[:, 7:11, 13:16] = True
+    truth[:, 4:4 + side, 4:5 + side] = True
+    truth[:, 6:6 + fy, 5 + side:5 + side + fx] = True
     labels = np.zeros(prob.shape, np.uint8)
     labels[1] = np.where(truth[1], PORE, SOLID)
     return prob, labels
 
 
 def test_the_refit_chooses_the_pores_by_the_labelled_planes_topology_not_their_dice():
-    """Keeping the unsure fragment raises the Dice and splits the one labelled pore in two; the
-    evidence rule's confidence that drops it gives the labels' one component, and is chosen."""
+    """Keeping the unsure fragment raises the Dice a little and splits the one labelled pore in
+    two; the evidence rule's confidence that drops it gives the labels' one component, and is chosen."""
     from ctpore.data.postprocess import Postprocessing
     from ctpore.data.topology import n_components
 
@@ -299,15 +302,30 @@ def test_the_refit_chooses_the_pores_by_the_labelled_planes_topology_not_their_d
     assert post.confidence is not None and n_components(post.apply(prob)[0][1:2]) == 1
 
 
+def test_the_topology_is_never_bought_with_more_than_a_sliver_of_dice():
+    """The same, with a fragment too large to drop: the confidence that removes it has the labels'
+    topology but costs more Dice than the slack allows, so the fragment stays."""
+    from ctpore.data.postprocess import Postprocessing
+    from ctpore.pipelines.finetune.refit import DICE_SLACK
+
+    prob, labels = _fragment_scene(side=9, fragment=(4, 3))
+    post, tried = refit_on_labels([prob], [labels], Postprocessing(threshold=0.5, confidence=0.9),
+                                  z_neighbours=False)
+    cands = tried["candidates"]
+    assert cands["z-refit 0.9"]["euler_2d_error"] < cands["z-refit none"]["euler_2d_error"]
+    assert cands["z-refit none"]["dice"] - cands["z-refit 0.9"]["dice"] > DICE_SLACK
+    assert post.confidence is None
+
+
 def test_where_every_candidate_draws_the_same_topology_the_weights_own_rules_stay():
     """Candidates that tie on the labelled planes' Euler numbers: the z-refitted probabilities and
     the weights' own confidence are kept (they were chosen on many scans; two planes cannot overrule
     them)."""
     from ctpore.data.postprocess import Postprocessing
 
-    prob, labels = _fragment_scene()
-    prob[:, 7:11, 13:16] = 0.995  # the fragment now sure: every confidence keeps it
-    labels[1, 4:14, 12] = 0  # and the line it is cut by not labelled
+    prob, labels = _fragment_scene(side=9, fragment=(4, 3))
+    prob[prob == np.float32(0.6)] = 0.995  # the fragment now sure: every confidence keeps it
+    labels[1, 4:13, 13] = 0  # and the line it is cut by not labelled
     post, tried = refit_on_labels([prob], [labels], Postprocessing(threshold=0.5, confidence=0.97))
     assert len({c["euler_2d_error"] for c in tried["candidates"].values()}) == 1
     assert post.confidence == 0.97 and tried["pores_on"] == "z-refit" and not post.pores_on_raw

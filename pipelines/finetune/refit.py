@@ -13,7 +13,8 @@ train (never the held-back ones):
   :data:`THRESHOLDS` with the best Dice on the labelled voxels (ties: the nearest to the weights'
   own), and post-processed as ``reconstruct`` does with each evidence rule's confidence of
   :data:`CONFIDENCES` (and the weights' own, :class:`~ctpore.data.postprocess.Postprocessing`).
-  The candidate whose pores have the lowest summed |2D Euler error| against the labels on the
+  Of the candidates whose Dice on the labelled voxels is within :data:`DICE_SLACK` of the best
+  one's, the one whose pores have the lowest summed |2D Euler error| against the labels on the
   labelled planes wins (ties: the z-refitted probabilities, then the weights' own confidence, then
   the higher Dice). The Dice hardly moves with either choice (the confidence removes or fills
   small components; a refit along Z moves few voxels), the connectivity does;
@@ -36,13 +37,17 @@ from ctpore.data.zmix import fit_zmix, mix_volume
 from ctpore.pipelines.finetune.holdout import plane_euler_error
 from ctpore.progress import ProgressFn
 
-__all__ = ["THRESHOLDS", "CONFIDENCES", "raw_probability", "refit_on_labels"]
+__all__ = ["THRESHOLDS", "CONFIDENCES", "DICE_SLACK", "raw_probability", "refit_on_labels"]
 
 #: The thresholds tried.
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.1, 0.96, 0.05))
 
 #: The evidence rule's confidences tried (None: off).
 CONFIDENCES = (None, 0.9, 0.97, 0.99)
+
+#: The pores' candidates are those whose Dice on the labels is within this of the best one's: the
+#: topology is chosen among boundaries that are all about as right, never at the voxels' cost.
+DICE_SLACK = 0.005
 
 
 def raw_probability(volume: np.ndarray, geometry: Geometry, predictor: Any, *, sample: Any = "auto",
@@ -99,9 +104,10 @@ def refit_on_labels(probs: list, labels: list, base: Postprocessing,
             tried[f"{name} {'none' if conf is None else conf}"] = {
                 "source": name, "threshold": threshold, "confidence": conf, "dice": _dice(q, t),
                 "euler_2d_error": sum(plane_euler_error(pr, lab) for pr, lab in zip(pores, labels))}
-    order = list(sources)
-    pick = min(tried.values(), key=lambda c: (c["euler_2d_error"], order.index(c["source"]),
-                                              c["confidence"] != base.confidence, -c["dice"]))
+    order, top = list(sources), max(c["dice"] for c in tried.values())
+    pool = [c for c in tried.values() if c["dice"] >= top - DICE_SLACK]
+    pick = min(pool, key=lambda c: (c["euler_2d_error"], order.index(c["source"]),
+                                     c["confidence"] != base.confidence, -c["dice"]))
     cal = fit_calibration([(prob[w], (lab[w] == PORE).astype(np.uint8)) for prob, lab, w in zip(mixed, labels, where)])
     if zmix is not None and pick["source"] == "raw":
         zmix = {**zmix, "pores": "raw"}
