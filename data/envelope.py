@@ -24,12 +24,12 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    once from the circle most surface points agree on, a point outside it counting against it (a
    pore puts a false point inside the surface, never outside), and refitted on the points where
    that circle lies within the slice (a core wider than the slice, seen in its corners only, with
-   pores cut by the slice's edge), or on those on the circle alone where half of them are and at
-   most 2% outside (vugs open at the surface); kept where it then spreads as little as a cylinder may.
-   A block or a prism still fits badly, and a core sawn or broken along its axis shows a flat face
-   (surface points inside the circle on a line that stays put along the axis) or sectors with no
-   material: its outline is taken instead (:class:`~ctpore.data.outline.Outline`: slab by slab,
-   the convex hull of the material, or the rectangle of a block).
+   pores cut by the slice's edge), or on those on the circle alone where enough of them are and few
+   outside (:data:`ONE_SIDED_SHARE`: vugs open at the surface); kept where it then spreads as little
+   as a cylinder may. A block or a prism still fits badly, and a core sawn or broken along its axis
+   shows a flat face (surface points inside the circle on a line that stays put along the axis) or
+   sectors with no material: its outline is taken instead (:class:`~ctpore.data.outline.Outline`:
+   slab by slab, the convex hull of the material, or the rectangle of a block).
 
 Sectors whose profile never reaches air (the sample cut by the edge of the slice or by a circular
 field of view) give no surface point: a core wider than the field of view keeps its cut faces.
@@ -73,8 +73,8 @@ _ARC = 8.0
 RESTART_PHASES = 4
 
 #: A restart whose refit spreads too much is kept on the points on its surface alone when they are at
-#: least this share of the points, at most 2% outside it (pores open at the surface; :func:`_one_sided`).
-ONE_SIDED_SHARE = 0.5
+#: least the first share of the points and at most the second lie outside it (pores open at the surface).
+ONE_SIDED_SHARE, ONE_SIDED_OUTSIDE = 0.5, 0.02
 
 
 @dataclass
@@ -222,11 +222,10 @@ def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_
             return None
     qs = [SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, phase) for phase in phases]
     shown = [seen(q, again) for q in qs]
-    if one_sided:  # half the points or more on the circle, at most 2% outside it (material beyond a surface)
-        cy, cx = again.centre_at(again.z_ref)
-        pts = np.concatenate([p for p, _ in shown])
-        d, tol = np.hypot(pts[:, 0] - cy, pts[:, 1] - cx) - again.radius_mm, cylinder_spread_limit(again.radius_mm, px)
-        if np.sum(np.abs(d) <= tol * px) < ONE_SIDED_SHARE * len(d) or np.sum(d > tol * px) > 0.02 * len(d):
+    if one_sided:  # enough points on the circle, few outside it (material beyond a surface)
+        d = _radial(np.concatenate([p for p, _ in shown]), again)
+        tol = cylinder_spread_limit(again.radius_mm, px) * px
+        if np.sum(np.abs(d) <= tol) < ONE_SIDED_SHARE * len(d) or np.sum(d > tol) > ONE_SIDED_OUTSIDE * len(d):
             return None
     cut = 0  # a sector whose circle lies beyond the slice's edge is cut there
     for q, (_, ks) in zip(qs, shown):
@@ -241,20 +240,24 @@ def _one_sided(slices, valid, zs, spacing, start: Cylinder, r_max: float, seen, 
     inside it (a vug, a vesicle cut by the surface through every slice read): refitted on the points
     within the spread a cylinder may have of it (``seen``'s points, two rounds); ``_circle_rounds``'
     answer where at least 6 such points spread as little as a cylinder may, else Nones. The caller
-    keeps it where those are at least :data:`ONE_SIDED_SHARE` of all the points, at most 2% outside it."""
+    keeps it where those are at least :data:`ONE_SIDED_SHARE` of the points, at most ONE_SIDED_OUTSIDE outside."""
     px = min(spacing[1], spacing[2])
 
     def on_surface(prof2, c):
         pts, ks = seen(prof2, c)
-        cy, cx = c.centre_at(c.z_ref)
-        tol = cylinder_spread_limit(c.radius_mm, px) * px
-        near = np.abs(np.hypot(pts[:, 0] - cy, pts[:, 1] - cx) - c.radius_mm) <= tol
+        near = np.abs(_radial(pts, c)) <= cylinder_spread_limit(c.radius_mm, px) * px
         return pts[near], ks[near]
 
     again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, on_surface, rounds=2, phases=phases)
     if again is None or len(res) < 6 or not _mad(res) <= cylinder_spread_limit(again.radius_mm, px) * px:
         return None, None, None, None
     return again, res, prof, n2
+
+
+def _radial(pts: np.ndarray, c: Cylinder) -> np.ndarray:
+    """How far the points (y, x, mm) lie outside ``c``'s circle at its reference depth (< 0: inside)."""
+    cy, cx = c.centre_at(c.z_ref)
+    return np.hypot(pts[:, 0] - cy, pts[:, 1] - cx) - c.radius_mm
 
 
 def _mad(res: np.ndarray) -> float:

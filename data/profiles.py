@@ -300,6 +300,8 @@ def flat_face(slices, valid, zs, spacing, c: Cylinder, prof: SectorProfiles, r_m
     half the run's points or more over all, three in four of them within ``2 * tol``; a pore's far
     wall moves along the axis). With fewer than 8 slices that cannot be judged: no face.
     ``points_fn(prof, c)`` gives the surface points and their sectors."""
+    if len(zs) < 8:
+        return False
     cy, cx = c.centre_at(c.z_ref)
 
     def depths(q):
@@ -309,8 +311,6 @@ def flat_face(slices, valid, zs, spacing, c: Cylinder, prof: SectorProfiles, r_m
     pts, ks, d = depths(prof)
     run = straight_run(pts, d, (cy, cx), 2.01 * 2 * np.pi / prof.n_sectors, tol)  # (a sector may lack a point)
     if run is None:
-        return False
-    if len(zs) < 8:
         return False
     moved = []  # how far each point of the run moves in each group, where the group shows it
     for g in np.array_split(np.arange(len(zs)), 4):

@@ -78,8 +78,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     60% of the sectors).
     Where the best fit has the sample's disc reaching into the wall beyond that (their levels added
     where they overlap, which no sample does), it is fitted again with the disc held inside the wall,
-    and such a wall, like any the sample's disc reaches into within its blur, must be no more textured
-    than the sample.
+    and such a wall, like any wall the sample's disc reaches into at all (a negative gap), must be no
+    more textured than the sample.
     """
     from scipy.optimize import least_squares
     from scipy.special import ndtr

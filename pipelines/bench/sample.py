@@ -139,7 +139,8 @@ def bench_sample(n: int = 6, shape=(24, 160, 160), seed_base: int = SAMPLE_SEED_
 
 def _settings() -> str:
     """The rules the sample is found by, in words with their values (from the code)."""
-    from ctpore.data.envelope import CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES, ONE_SIDED_SHARE, RESTART_PHASES
+    from ctpore.data.envelope import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES, ONE_SIDED_OUTSIDE,
+                                      ONE_SIDED_SHARE, RESTART_PHASES)
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
     from ctpore.data.profiles import EMPTY_SHARE, FACE_SPAN_DEG, OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
@@ -149,7 +150,8 @@ def _settings() -> str:
             "of its radius (whichever is more), or does so once restarted from the circle that most surface points "
             f"(of the sectors turned by {RESTART_PHASES} phases) agree on, each point outside it counting "
             f"{OUTSIDE_WEIGHT} against it, and refitted on the points where that circle lies within the slice, or "
-            f"on those on it alone where they are {100 * ONE_SIDED_SHARE:g}% of them or more and at most 2% lie "
+            f"on those on it alone where they are {100 * ONE_SIDED_SHARE:g}% of them or more and at most "
+            f"{100 * ONE_SIDED_OUTSIDE:g}% lie "
             "outside it (pores open at the surface); a cylinder whose points inside it hold a straight run over "
             f"{FACE_SPAN_DEG:g} degrees or more that stays put along the axis (a flat face), or with more than "
             f"{100 * EMPTY_SHARE:g}% of its sectors empty, is a core sawn or broken along its axis; "

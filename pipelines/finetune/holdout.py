@@ -56,11 +56,15 @@ def _planes(labels: np.ndarray, axis: int) -> list:
     return [int(i) for i in np.flatnonzero((labels != UNLABELLED).any(axis=other))]
 
 
+def _view_axis(labels: np.ndarray) -> int:
+    """The view the user painted in: the axis with the fewest labelled planes (ties: XY first)."""
+    return int(np.argmin([len(_planes(labels, a)) for a in range(3)]))
+
+
 def hold_out(labels: np.ndarray) -> Split:
     """Part ``labels`` (0 / 1 pore / 2 solid) into what trains and what is held back (module docstring)."""
     lab = np.asarray(labels)
-    counts = [len(_planes(lab, a)) for a in range(3)]
-    axis = int(np.argmin(counts))  # the view the user painted in (ties: XY first)
+    axis = _view_axis(lab)
     planes = _planes(lab, axis)
     held = np.zeros_like(lab)
     if len(planes) >= 3:
@@ -98,10 +102,10 @@ def _euler_2d(mask: np.ndarray) -> int:
 
 def plane_euler_error(pores: np.ndarray, labels: np.ndarray) -> int:
     """The summed |2D Euler error| of ``pores`` against ``labels`` (0 / 1 pore / 2 solid) over the
-    labelled planes of the view painted in (the axis with the fewest labelled planes, as
-    :func:`hold_out` takes it), each plane's labelled pixels only."""
+    labelled planes of the view painted in (as :func:`hold_out` takes it), each plane's labelled
+    pixels only."""
     lab = np.asarray(labels)
-    axis = int(np.argmin([len(_planes(lab, a)) for a in range(3)]))
+    axis = _view_axis(lab)
     idx: list = [slice(None)] * 3
     err = 0
     for plane in _planes(lab, axis):
