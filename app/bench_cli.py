@@ -205,17 +205,24 @@ def bench_sample(n, shape, timings, outdir):
          help="Where the scans, labels and tuned weights go.")
 @_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
          help="Where adapt.md and adapt.json are written.")
-def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir):
+@_option("--real/--no-real", default=True, show_default=True,
+         help="Also the real Leopard sandstone's geometry (the tests' copy), reported on its own; not with --quick.")
+def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir, real):
     """Adapting to a scanner and labeller ctpore never met, from 1 or 3 labelled slices, beside the Fiji
     pipeline and the untuned models; writes OUTDIR/adapt.md and .json."""
     from ctpore.app.console import parse_shape
     from ctpore.pipelines.bench.adapt import bench_adapt as run
     from ctpore.pipelines.bench.adapt import write_adapt_report
+    from ctpore.pipelines.bench.quality import default_leopard
 
     dims = (24, 64, 64) if quick else parse_shape(shape, "--shape")
     n_scans, steps = (1, 5) if quick else (n_scans, steps)
+    label = default_leopard() if real and not quick else None
+    if real and not quick and label is None:
+        click.echo("note: the Leopard sandstone's label is not here; the real geometry is left out", err=True)
     with _Progress("bench adapt") as bar:
-        res = run(shape=dims, n_scans=n_scans, steps=steps, minutes=minutes, workdir=workdir, progress=bar)
+        res = run(shape=dims, n_scans=n_scans, steps=steps, minutes=minutes, workdir=workdir, real=label,
+                  progress=bar)
     jpath, mpath = write_adapt_report(res, outdir, typed_command(click.get_current_context()))
     for name, m in res["means"].items():
         click.echo(f"{name:<28} MSE {m['mse']:.4f}  Dice {m['dice']:.3f}  |χ err| {m['euler_error']:.1f}  "

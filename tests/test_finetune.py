@@ -269,6 +269,29 @@ def test_the_other_scanner_and_labeller_are_what_the_bench_says():
     assert scan[:, 12:18, 12:18].mean() < scan[:, 24:, 24:].mean()
 
 
+def test_the_real_geometry_is_scanned_once_and_labelled_a_voxel_inside_and_outside(tmp_path):
+    """The bench's real-geometry cases: one scan of the label by the other scanner (its pores darker
+    than its solid), and the label drawn by each labeller: the inside one's pores within the label's
+    and the label's within the outside one's, every difference a voxel from the label's boundary."""
+    from scipy import ndimage as ndi
+
+    from ctpore.pipelines.bench.adapt import real_cases
+
+    label = np.zeros((16, 32, 32), np.uint8)
+    label[:, 8:20, 6:18] = 1
+    label[:, 24:28, 22:30] = 1
+    cases = real_cases(_save(tmp_path / "label.nii.gz", label))
+    assert [c[3] for c in cases] == ["inside", "outside"]
+    (_n1, scan_in, inside, _s1), (_n2, scan_out, outside, _s2) = cases
+    assert np.array_equal(scan_in, scan_out) and scan_in.shape == label.shape
+    assert scan_in[label == 1].mean() < scan_in[label == 0].mean()
+    assert np.all(inside <= label) and np.all(label <= outside) and inside.sum() < label.sum() < outside.sum()
+    # a voxel of the boundary: within one voxel (6-connected) of the other phase
+    edge = np.where(label == 1, ndi.distance_transform_edt(label, sampling=1.0) <= 1,
+                    ndi.distance_transform_edt(1 - label) <= 1)
+    assert not np.any((inside != label) & ~edge) and not np.any((outside != label) & ~edge)
+
+
 def _fragment_scene(side: int = 30, fragment: tuple = (1, 2)):
     """Three slices, the middle one labelled: one labelled pore, which the model sees as a sure
     square of ``side`` and, past a line it misses (p 0.05 < every threshold), a fragment of
