@@ -205,9 +205,10 @@ def bench_sample(n, shape, timings, outdir):
          help="Where the scans, labels and tuned weights go.")
 @_option("-o", "--outdir", default=Path("docs"), show_default=True, type=click.Path(path_type=Path),
          help="Where adapt.md and adapt.json are written.")
-@_option("--real/--no-real", default=True, show_default=True,
-         help="Also the real Leopard sandstone's geometry (the tests' copy), reported on its own; not with --quick.")
-def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir, real):
+@_option("--no-real", "no_real", is_flag=True, show_default=True,
+         help="Leave out the real Leopard sandstone's geometry (the tests' copy), run otherwise and reported "
+              "on its own (never with --quick).")
+def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir, no_real):
     """Adapting to a scanner and labeller ctpore never met, from 1 or 3 labelled slices, beside the Fiji
     pipeline and the untuned models; writes OUTDIR/adapt.md and .json."""
     from ctpore.app.console import parse_shape
@@ -217,8 +218,9 @@ def bench_adapt(quick, shape, n_scans, steps, minutes, workdir, outdir, real):
 
     dims = (24, 64, 64) if quick else parse_shape(shape, "--shape")
     n_scans, steps = (1, 5) if quick else (n_scans, steps)
-    label = default_leopard() if real and not quick else None
-    if real and not quick and label is None:
+    real = not no_real and not quick
+    label = default_leopard() if real else None
+    if real and label is None:
         click.echo("note: the Leopard sandstone's label is not here; the real geometry is left out", err=True)
     with _Progress("bench adapt") as bar:
         res = run(shape=dims, n_scans=n_scans, steps=steps, minutes=minutes, workdir=workdir, real=label,
