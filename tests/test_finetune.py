@@ -292,6 +292,27 @@ def test_the_real_geometry_is_scanned_once_and_labelled_a_voxel_inside_and_outsi
     assert not np.any((inside != label) & ~edge) and not np.any((outside != label) & ~edge)
 
 
+def test_the_adapt_report_gives_the_real_geometry_a_table_of_its_own(tmp_path):
+    """The real geometry's rows come in their own section, one per labeller and method, and stay out
+    of the simulated scans' tables."""
+    from ctpore.pipelines.bench.adapt import write_adapt_report
+
+    fig = {"mse": 0.0123, "dice": 0.9456, "euler_error": 7, "adapt_seconds": 12.3}
+    sim = {"seed": 2700000, "family": "grains", "labeller": "inside", "methods": {"otsu": dict(fig)}}
+    real = [{"seed": f"real-{side}", "family": "real: leopard_porespy", "labeller": side, "shape": [100, 90, 80],
+             "methods": {"otsu": {**fig, "euler_error": 40 + i}}} for i, side in enumerate(("inside", "outside"))]
+    res = {"shape": [24, 64, 64], "n_scans": 1, "means": {"otsu": fig}, "cases": [sim],
+           "real": {"label": "label.nii.gz", "cases": real}}
+    _j, md = write_adapt_report(res, tmp_path, "ctpore bench adapt")
+    text = md.read_text()
+    head, sep, tail = text.partition("## A real pore geometry")
+    assert sep and "leopard_porespy, 100 x 90 x 80 voxels" in tail
+    assert "| inside | otsu | 0.0123 | 0.946 | 40 | 12 |" in tail
+    assert "| outside | otsu | 0.0123 | 0.946 | 41 | 12 |" in tail
+    assert "| 40 |" not in head and "| 41 |" not in head
+    assert json.loads((tmp_path / "adapt.json").read_text())["real"]["cases"][1]["labeller"] == "outside"
+
+
 def _fragment_scene(side: int = 30, fragment: tuple = (1, 2)):
     """Three slices, the middle one labelled: one labelled pore, which the model sees as a sure
     square of ``side`` and, past a line it misses (p 0.05 < every threshold), a fragment of
