@@ -240,7 +240,7 @@ def _one_sided(slices, valid, zs, spacing, start: Cylinder, r_max: float, seen, 
     inside it (a vug, a vesicle cut by the surface through every slice read): refitted on the points
     within the spread a cylinder may have of it (``seen``'s points, two rounds); ``_circle_rounds``'
     answer where at least 6 such points spread as little as a cylinder may, else Nones. The caller
-    keeps it where those are at least :data:`ONE_SIDED_SHARE` of the points, at most ONE_SIDED_OUTSIDE outside."""
+    keeps it where those, and the points outside it, meet :data:`ONE_SIDED_SHARE` and ``ONE_SIDED_OUTSIDE``."""
     px = min(spacing[1], spacing[2])
 
     def on_surface(prof2, c):

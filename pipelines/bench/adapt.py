@@ -167,13 +167,13 @@ def _one_case(tag: str, scan: np.ndarray, truth: np.ndarray, row: dict, methods,
 
 
 def real_cases(label_path) -> list:
-    """The real pore geometry's cases: ``(name, scan, labeller's truth, labeller)``, the label read
-    (1 pore) and scanned by :func:`other_scanner`, labelled a voxel inside ours and a voxel outside."""
+    """The real pore geometry's cases: ``(labeller, scan, labeller's truth)``, the label read (1 pore)
+    and scanned once by :func:`other_scanner`, labelled a voxel inside ours and a voxel outside."""
     from ctpore.data.io import read_label
 
     truth = np.asarray(read_label(label_path)).astype(np.uint8)
     scan = other_scanner(truth, np.random.default_rng([ADAPT_SEED_BASE, 999]))
-    return [(f"real-{side}", scan, labeller(truth, outside=side == "outside"), side) for side in ("inside", "outside")]
+    return [(side, scan, labeller(truth, outside=side == "outside")) for side in ("inside", "outside")]
 
 
 def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 300, minutes: Optional[float] = 10.0,
@@ -200,7 +200,8 @@ def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 300, minut
            "means": means, "figure": figure}
     if real is not None:
         res["real"] = {"label": Path(real).name, "cases": []}
-        for tag, scan, truth, side in real_cases(real):
+        for side, scan, truth in real_cases(real):
+            tag = f"real-{side}"
             row = {"seed": tag, "family": f"real: {Path(real).parent.name}", "labeller": side,
                    "shape": list(scan.shape), "porosity": float(truth.mean()), "methods": {}}
             res["real"]["cases"].append(_one_case(tag, scan, truth, row, methods, steps, minutes, workdir, None,
@@ -279,9 +280,10 @@ def write_adapt_report(res: dict, outdir: Path, command: str) -> tuple[Path, Pat
             lines.append(f"| {c['seed']} | {c['family']} | {c['labeller']} | {name} | {m['mse']:.4f} | "
                          f"{m['dice']:.3f} | {m['euler_error']} |")
     if res.get("real"):
-        shape = " x ".join(map(str, res["real"]["cases"][0]["shape"]))
+        first = res["real"]["cases"][0]
+        shape, rock = " x ".join(map(str, first["shape"])), first["family"].removeprefix("real: ")
         lines += ["", "## A real pore geometry", "",
-                  f"A real segmented rock ({res['real']['cases'][0]['family'][6:]}, {shape} voxels) scanned by the "
+                  f"A real segmented rock ({rock}, {shape} voxels) scanned by the "
                   "same scanner model and labelled by both labellers, 3 labelled slices (1 for PoreFormer's k = 1), "
                   "scored the same way. Apart from the means above.", "",
                   "| labeller | method | MSE | Dice | \\|χ error\\| | seconds to adapt |",
