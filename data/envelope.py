@@ -25,11 +25,14 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    pore puts a false point inside the surface, never outside), and refitted on the points where
    that circle lies within the slice (a core wider than the slice, seen in its corners only, with
    pores cut by the slice's edge), or on those on the circle alone where enough of them are and few
-   outside (:data:`ONE_SIDED_SHARE`: vugs open at the surface); kept where it then spreads as little
-   as a cylinder may. A block or a prism still fits badly, and a core sawn or broken along its axis
-   shows a flat face (surface points inside the circle on a line that stays put along the axis) or
-   sectors with no material: its outline is taken instead (:class:`~ctpore.data.outline.Outline`:
-   slab by slab, the convex hull of the material, or the rectangle of a block).
+   outside (:data:`~ctpore.data.circle_fit.ONE_SIDED_SHARE`: vugs open at the surface); kept where it
+   then spreads as little as a cylinder may (:mod:`ctpore.data.circle_fit`). The core inside a wall
+   is restarted so too where its points spread that much or more than
+   :data:`~ctpore.data.circle_fit.ONE_SIDED_OUTSIDE` of them lie outside it by more than that. A
+   block or a prism still fits badly, and a core sawn or broken along its axis shows a flat face
+   (surface points inside the circle on a line that stays put along the axis) or sectors with no
+   material: its outline is taken instead (:class:`~ctpore.data.outline.Outline`: slab by slab, the
+   convex hull of the material, or the rectangle of a block).
 
 Sectors whose profile never reaches air (the sample cut by the edge of the slice or by a circular
 field of view) give no surface point: a core wider than the field of view keeps its cut faces.
@@ -43,8 +46,10 @@ from typing import Optional
 
 import numpy as np
 
+from ctpore.data.circle_fit import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, ONE_SIDED_OUTSIDE, circle_rounds, cut_sectors,
+                                   cylinder_spread_limit, restart, robust_spread)
 from ctpore.data.outline import Outline
-from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, consensus_circle, fit_circle, otsu,
+from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, fit_circle, otsu,
                                   pooled, sawn, smooth_masked, surface_points)
 from ctpore.data.wall import fit_wall, inner_points
 
@@ -54,27 +59,6 @@ __all__ = ["CYLINDER_SPREAD", "CYLINDER_SPREAD_REL", "MAX_SLICES", "Cylinder", "
 #: Slices read to fit the envelope (evenly spaced along Z).
 MAX_SLICES = 16
 
-#: A cylinder describes the sample when its surface points spread about it by at most this many
-#: voxels, or this share of its radius (whichever is more); else the outline is taken.
-CYLINDER_SPREAD, CYLINDER_SPREAD_REL = 1.5, 0.02
-
-
-def cylinder_spread_limit(radius_mm: float, px: float) -> float:
-    """The most a cylinder's surface points may spread about it (voxels) for it to describe a sample
-    of radius ``radius_mm`` (``px``: the in-plane voxel, mm)."""
-    return max(CYLINDER_SPREAD, CYLINDER_SPREAD_REL * radius_mm / px)
-
-#: A sector is about this many voxels of arc at the sample's surface (between 24 and 180 sectors).
-_ARC = 8.0
-
-#: A fit that does not hold together is restarted with the points of the sectors turned by this many
-#: phases (a quarter of a sector apart for 4): a core wider than the field of view shows air in its
-#: corners only, in a few sectors each.
-RESTART_PHASES = 4
-
-#: A restart whose refit spreads too much is kept on the points on its surface alone when they are at
-#: least the first share of the points and at most the second lie outside it (pores open at the surface).
-ONE_SIDED_SHARE, ONE_SIDED_OUTSIDE = 0.5, 0.02
 
 
 @dataclass
@@ -123,35 +107,6 @@ def sample_slices(nz: int, max_slices: int = MAX_SLICES) -> np.ndarray:
     return np.unique(np.linspace(lo, hi, min(nz, max_slices)).round().astype(int))
 
 
-def _sector_count(radius_mm: float, px: float) -> int:
-    """Sectors of about :data:`_ARC` voxels of arc at ``radius_mm`` (between 24 and 180)."""
-    return int(np.clip(2 * np.pi * radius_mm / (_ARC * px), 24, 180))
-
-
-def _circle_rounds(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, points_fn, rounds: int = 3,
-                   phases: tuple = (0.0,)):
-    """Refit ``cyl`` from sector profiles about its current centre, ``rounds`` times (the points of
-    the sectors of every one of ``phases`` together); returns (cylinder, residuals in mm, the last
-    profiles of the first phase, number of sectors)."""
-    px = min(spacing[1], spacing[2])
-    res = np.zeros(0)
-    prof = None
-    n_sectors = 24
-    for _ in range(rounds):
-        n_sectors = _sector_count(cyl.radius_mm, px)
-        profs = [SectorProfiles(slices, valid, zs, spacing, cyl, n_sectors, r_max, phase) for phase in phases]
-        prof = profs[0]
-        pts = np.concatenate([points_fn(q, cyl)[0] for q in profs])
-        if len(pts) < 6:
-            return None, res, prof, n_sectors
-        c = cyl.centre_at(cyl.z_ref)
-        (cy, cx, r), res = fit_circle(pts, (c[0], c[1], cyl.radius_mm))
-        if not (r > 0 and np.isfinite(r)):
-            return None, res, prof, n_sectors
-        cyl = Cylinder((float(cy), float(cx)), cyl.drift_mm, float(r), cyl.z_ref)
-    return cyl, res, prof, n_sectors
-
-
 def _drift(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, n_sectors: int, air: float,
            rise: float) -> Cylinder:
     """``cyl`` with its axis' drift along Z (a tilted core): the centres fitted to four groups of the
@@ -179,102 +134,6 @@ def _drift(slices, valid, zs, spacing, cyl: Cylinder, r_max: float, n_sectors: i
         return cyl  # no tilt worth a voxel over the whole stack: the axis stands straight
     centre = [float(np.mean(cs[:, i]) + slope[i] * (cyl.z_ref - np.mean(zc))) for i in (0, 1)]
     return Cylinder(tuple(centre), tuple(slope), cyl.radius_mm, cyl.z_ref)
-
-
-def _restart(slices, valid, zs, spacing, fitted: Cylinder, r_max: float, points_fn, level: float):
-    """A fit that does not hold together, restarted from the circle most of its surface points agree on
-    (:func:`~ctpore.data.profiles.consensus_circle`, within the spread a cylinder may have, a point
-    outside it counting against it): false points all on one side (a core wider than the slice, seen
-    in its corners only, with pores cut by the slice's edge) pull a least-squares fit between them and
-    the true ones. Refitted from there on the points where the circle itself lies within the slice:
-    where it lies beyond the slice's edge, the air a sector shows is a pore cut by the edge, not the
-    outside; else on the points on that circle alone (:func:`_one_sided`). Kept only where it then
-    spreads as little as a cylinder may: returns (cylinder,
-    residuals, the first phase's profiles, sectors per phase, (surface points, sectors, cut sectors)
-    over every phase), or None."""
-    px = min(spacing[1], spacing[2])
-    phases = tuple(i / RESTART_PHASES for i in range(RESTART_PHASES))
-    n = _sector_count(fitted.radius_mm, px)
-    pts = np.concatenate([points_fn(SectorProfiles(slices, valid, zs, spacing, fitted, n, r_max, phase), fitted)[0]
-                          for phase in phases])
-    circle = consensus_circle(pts, cylinder_spread_limit(fitted.radius_mm, px) * px)
-    if circle is None:
-        return None
-    start = Cylinder((circle[0], circle[1]), fitted.drift_mm, circle[2], fitted.z_ref)
-    ny, nx = slices[0].shape
-
-    def within(c, th):  # whether the circle at angles th lies within the slice
-        cy, cx = c.centre_at(c.z_ref)
-        on_y, on_x = cy + c.radius_mm * np.sin(th), cx + c.radius_mm * np.cos(th)
-        return (on_y >= 0) & (on_y <= (ny - 1) * spacing[1]) & (on_x >= 0) & (on_x <= (nx - 1) * spacing[2])
-
-    def seen(prof2, c):  # the points where the circle itself lies within the slice
-        pts2, ks = points_fn(prof2, c)
-        cy, cx = c.centre_at(c.z_ref)
-        keep = within(c, np.arctan2(pts2[:, 0] - cy, pts2[:, 1] - cx))
-        return pts2[keep], ks[keep]
-
-    again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, seen, rounds=2, phases=phases)
-    one_sided = again is None or not _mad(res) / px <= cylinder_spread_limit(again.radius_mm, px)
-    if one_sided:
-        again, res, prof, n2 = _one_sided(slices, valid, zs, spacing, start, r_max, seen, phases)
-        if again is None:
-            return None
-    qs = [SectorProfiles(slices, valid, zs, spacing, again, n2, r_max, phase) for phase in phases]
-    shown = [seen(q, again) for q in qs]
-    if one_sided:  # enough points on the circle, few outside it (material beyond a surface)
-        d = _radial(np.concatenate([p for p, _ in shown]), again)
-        tol = cylinder_spread_limit(again.radius_mm, px) * px
-        if np.sum(np.abs(d) <= tol) < ONE_SIDED_SHARE * len(d) or np.sum(d > tol) > ONE_SIDED_OUTSIDE * len(d):
-            return None
-    cut = 0  # a sector whose circle lies beyond the slice's edge is cut there
-    for q, (_, ks) in zip(qs, shown):
-        have = set(ks.tolist())
-        beyond = set(np.flatnonzero(~within(again, q.angle(np.arange(n2)))).tolist()) - have
-        cut += len(beyond) + _cut_sectors(q, have | beyond, level)
-    return again, res, prof, n2, (len(res), n2 * len(phases), cut)
-
-
-def _one_sided(slices, valid, zs, spacing, start: Cylinder, r_max: float, seen, phases):
-    """The surface the consensus circle ``start`` stands for, where pores open at it put many points
-    inside it (a vug, a vesicle cut by the surface through every slice read): refitted on the points
-    within the spread a cylinder may have of it (``seen``'s points, two rounds); ``_circle_rounds``'
-    answer where at least 6 such points spread as little as a cylinder may, else Nones. The caller
-    keeps it where those, and the points outside it, meet :data:`ONE_SIDED_SHARE` and ``ONE_SIDED_OUTSIDE``."""
-    px = min(spacing[1], spacing[2])
-
-    def on_surface(prof2, c):
-        pts, ks = seen(prof2, c)
-        near = np.abs(_radial(pts, c)) <= cylinder_spread_limit(c.radius_mm, px) * px
-        return pts[near], ks[near]
-
-    again, res, prof, n2 = _circle_rounds(slices, valid, zs, spacing, start, r_max, on_surface, rounds=2, phases=phases)
-    if again is None or len(res) < 6 or not _mad(res) <= cylinder_spread_limit(again.radius_mm, px) * px:
-        return None, None, None, None
-    return again, res, prof, n2
-
-
-def _radial(pts: np.ndarray, c: Cylinder) -> np.ndarray:
-    """How far the points (y, x, mm) lie outside ``c``'s circle at its reference depth (< 0: inside)."""
-    cy, cx = c.centre_at(c.z_ref)
-    return np.hypot(pts[:, 0] - cy, pts[:, 1] - cx) - c.radius_mm
-
-
-def _mad(res: np.ndarray) -> float:
-    """The robust spread of fit residuals (1.4826 times their median absolute deviation)."""
-    return 1.4826 * float(np.median(np.abs(res - np.median(res)))) if res.size else float("inf")
-
-
-def _cut_sectors(prof: SectorProfiles, have, level: float) -> int:
-    """Sectors without a surface point whose material reaches the slice's edge (the last three voxels
-    they cover are brighter than ``level``): the sample is cut there, not unseen."""
-    last = max(2, int(round(3.0 / BIN)))
-    n = 0
-    for k in range(prof.n_sectors):
-        cov = np.nonzero(prof.covered[k])[0]
-        if k not in have and cov.size >= last and np.all(prof.mean[k, cov[-last:]] > level):
-            n += 1
-    return n
 
 
 def fit_envelope(slices, zs, spacing_mm, valid=None) -> Envelope:
@@ -338,26 +197,26 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
     def outer(prof, c):
         return surface_points(prof, c, z_ref, air, rise, BIN)
 
-    fitted, res, prof, n_sectors = _circle_rounds(slices, valid, zs, spacing, cyl, r_max, outer)
+    fitted, res, prof, n_sectors = circle_rounds(slices, valid, zs, spacing, cyl, r_max, outer)
     if fitted is None:
         return Envelope("none", levels=levels, sectors=n_sectors,
                         notes=["no sector shows air outside the material"])
-    spread = _mad(res) / px
+    spread = robust_spread(res) / px
     cylinder_like = spread <= cylinder_spread_limit(fitted.radius_mm, px)
     counts = None  # (surface points, sectors, cut sectors)
-    restart = None if cylinder_like else _restart(slices, valid, zs, spacing, fitted, r_max, outer,
+    restarted = None if cylinder_like else restart(slices, valid, zs, spacing, fitted, r_max, outer,
                                                   0.5 * (air + material))
-    if restart is not None:  # restarted from the circle most surface points agree on
-        fitted, res, prof, n_sectors, counts = restart
+    if restarted is not None:  # restarted from the circle most surface points agree on
+        fitted, res, prof, n_sectors, counts = restarted
         cylinder_like = True
     tilted = _drift(slices, valid, zs, spacing, fitted, r_max, n_sectors, air, rise) if cylinder_like else fitted
     if tilted is not fitted:  # refit about the drifting axis
-        again, res2, prof2, n2 = _circle_rounds(slices, valid, zs, spacing, tilted, r_max, outer, rounds=2)
-        if again is not None and _mad(res2) <= _mad(res):  # the tilt kept only where it fits better
+        again, res2, prof2, n2 = circle_rounds(slices, valid, zs, spacing, tilted, r_max, outer, rounds=2)
+        if again is not None and robust_spread(res2) <= robust_spread(res):  # the tilt kept only where it fits better
             fitted, res, prof, n_sectors, counts = again, res2, prof2, n2, None
     if counts is None:
         _, have = outer(prof, fitted)
-        counts = (len(res), n_sectors, _cut_sectors(prof, set(have.tolist()), 0.5 * (air + material)))
+        counts = (len(res), n_sectors, cut_sectors(prof, set(have.tolist()), 0.5 * (air + material)))
     env = Envelope("cylinder", cylinder=fitted, levels=levels, sectors=counts[1], points=int(counts[0]),
                    cut=counts[2])
     # a wall is a tube: looked for only when the outermost surface is a cylinder
@@ -376,17 +235,25 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
             return inner_points(prof2, c, wall, air, inner_material)
 
         start = Cylinder(fitted.centre_mm, fitted.drift_mm, r_in, z_ref)
-        sample, res, prof, n_sectors = _circle_rounds(slices, valid, zs, spacing, start, r_max, inner)
+        held = None
+        sample, res, prof, n_sectors = circle_rounds(slices, valid, zs, spacing, start, r_max, inner)
         if sample is None:
             env.notes.append("a wall was found but not the sample inside it")
             sample, res = start, np.zeros(0)
-        else:  # the wall begins where the sample ends, where it touches the wall
-            cy, cx = sample.centre_at(z_ref)
+        else:
+            lim = cylinder_spread_limit(sample.radius_mm, px) * px
+            if robust_spread(res) > lim or np.sum(res > lim) > ONE_SIDED_OUTSIDE * len(res):
+                restarted = restart(slices, valid, zs, spacing, sample, r_max, inner, 0.5 * (air + inner_material))
+                if restarted is not None:  # pores open at the surface pulled the fit inwards
+                    sample, res, prof, n_sectors, held = restarted
+            cy, cx = sample.centre_at(z_ref)  # the wall begins where the sample ends, where it touches the wall
             wy, wx = fitted.centre_at(z_ref)
             reach = sample.radius_mm + math.hypot(cy - wy, cx - wx)
             if reach > wall["r_in"]:
                 wall = {**wall, "r_in": reach, "thickness_mm": wall["r_out"] - reach}
         env.cylinder, env.wall, env.points, env.sectors = sample, wall, int(len(res)), n_sectors
+        if held is not None:
+            env.points, env.sectors = int(held[0]), int(held[1])
     mad = 1.4826 * float(np.median(np.abs(res - np.median(res)))) if res.size else float("nan")
     env.spread_vox = mad / px
     limit = cylinder_spread_limit(fitted.radius_mm, px)

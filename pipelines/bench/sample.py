@@ -139,8 +139,9 @@ def bench_sample(n: int = 6, shape=(24, 160, 160), seed_base: int = SAMPLE_SEED_
 
 def _settings() -> str:
     """The rules the sample is found by, in words with their values (from the code)."""
-    from ctpore.data.envelope import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, MAX_SLICES, ONE_SIDED_OUTSIDE,
-                                      ONE_SIDED_SHARE, RESTART_PHASES)
+    from ctpore.data.circle_fit import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, ONE_SIDED_OUTSIDE, ONE_SIDED_SHARE,
+                                        RESTART_PHASES)
+    from ctpore.data.envelope import MAX_SLICES
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
     from ctpore.data.profiles import EMPTY_SHARE, FACE_SPAN_DEG, OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
@@ -152,7 +153,9 @@ def _settings() -> str:
             f"{OUTSIDE_WEIGHT} against it, and refitted on the points where that circle lies within the slice, or "
             f"on those on it alone where they are {100 * ONE_SIDED_SHARE:g}% of them or more and at most "
             f"{100 * ONE_SIDED_OUTSIDE:g}% lie "
-            "outside it (pores open at the surface); a cylinder whose points inside it hold a straight run over "
+            "outside it (pores open at the surface); a core inside a wall is restarted so too where its points "
+            f"spread more than that or more than {100 * ONE_SIDED_OUTSIDE:g}% of them lie outside it by more than "
+            "that; a cylinder whose points inside it hold a straight run over "
             f"{FACE_SPAN_DEG:g} degrees or more that stays put along the axis (a flat face), or with more than "
             f"{100 * EMPTY_SHARE:g}% of its sectors empty, is a core sawn or broken along its axis; "
             "otherwise, and for those, each slab's outline is the convex hull of its material, "
