@@ -35,7 +35,10 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    convex hull of the material, or the rectangle of a block).
 
 Sectors whose profile never reaches air (the sample cut by the edge of the slice or by a circular
-field of view) give no surface point: a core wider than the field of view keeps its cut faces.
+field of view) give no surface point: a core wider than the field of view keeps its cut faces. A
+thin bright line in the air (a ring artefact about the rotation axis) is no surface; where every
+sector's outermost rise is one, the fit looks past them for the next rise further in, and keeps
+what it finds there when it sees the surface in half the sectors or more.
 """
 
 from __future__ import annotations
@@ -194,10 +197,16 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
     r_max = float(np.max(np.hypot(corners[:, 0] - cyl.centre_mm[0], corners[:, 1] - cyl.centre_mm[1]))) + 4 * px
     rise = air + 0.25 * (material - air)
 
+    past_lines = [False]
+
     def outer(prof, c):
-        return surface_points(prof, c, z_ref, air, rise, BIN)
+        return surface_points(prof, c, z_ref, air, rise, BIN, past_lines=past_lines[0])
 
     fitted, res, prof, n_sectors = circle_rounds(slices, valid, zs, spacing, cyl, r_max, outer)
+    if fitted is None:  # every sector's outermost rise a thin bright line (ring artefacts): look past them,
+        past_lines[0] = True  # kept where the surface is then seen all round (not a few pores at a cut border)
+        fitted, res, prof, n_sectors = circle_rounds(slices, valid, zs, spacing, cyl, r_max, outer)
+        fitted = fitted if len(res) >= 0.5 * n_sectors else None
     if fitted is None:
         return Envelope("none", levels=levels, sectors=n_sectors,
                         notes=["no sector shows air outside the material"])

@@ -131,13 +131,15 @@ class SectorProfiles:
 
 
 def outer_edge(mean: np.ndarray, covered: np.ndarray, air: float, rise: float, step_vox: float,
-                start: Optional[int] = None) -> Optional[float]:
+                start: Optional[int] = None, past_lines: bool = False) -> Optional[float]:
     """The outermost rise of one sector's profile from the air's level (bin units, sub-bin), or
     None when the sector never shows 3 voxels of air outside the material (cut by the slice's edge).
 
     ``rise``: a level between the air's and the material's that marks the rise; the edge is then
     where the profile crosses halfway between the air just outside and the material just inside.
-    ``start``: look only at bins up to this one (inside a wall).
+    ``start``: look only at bins up to this one (inside a wall). ``past_lines``: where the outermost
+    rise is a thin bright line in the air (a ring artefact), look for the next rise further in (else
+    the sector gives no point).
     """
     nb = mean.shape[0]
     top = nb - 1 if start is None else min(start, nb - 1)
@@ -152,15 +154,27 @@ def outer_edge(mean: np.ndarray, covered: np.ndarray, air: float, rise: float, s
     beyond = ok[e + 1: e + 1 + need]
     if beyond.size < need or not beyond.all():
         return None  # no air beyond: the sector is cut
-    out_lo, out_hi = e + 1, min(e + 1 + 3 * need, top + 1)
-    air_here = float(np.median(mean[out_lo:out_hi][ok[out_lo:out_hi]]))
-    in_lo, in_hi = max(e - 3 * need, 0), max(e - int(round(1.0 / step_vox)), 1)
-    inner = mean[in_lo:in_hi][ok[in_lo:in_hi]]
-    if inner.size == 0:
-        return None
-    mat = float(np.median(inner))
-    if mat <= rise:
-        return None  # a thin bright line in the air (a ring artefact), not material that goes on inwards
+    while True:
+        out_lo, out_hi = e + 1, min(e + 1 + 3 * need, top + 1)
+        air_here = float(np.median(mean[out_lo:out_hi][ok[out_lo:out_hi]]))
+        in_lo, in_hi = max(e - 3 * need, 0), max(e - int(round(1.0 / step_vox)), 1)
+        inner = mean[in_lo:in_hi][ok[in_lo:in_hi]]
+        if inner.size == 0:
+            return None
+        mat = float(np.median(inner))
+        if mat > rise:
+            break
+        if not past_lines:
+            return None
+        # a thin bright line in the air (a ring artefact), not material that goes on inwards: the next
+        # rise further in with `need` bins of air between them
+        first = e
+        while first > 0 and above[first - 1]:
+            first -= 1
+        further = idx[idx < first - need]
+        if further.size == 0:
+            return None
+        e = int(further[-1])
     half = 0.5 * (air_here + mat)
     # the outermost crossing of `half` near e (within two voxels), linearly interpolated
     lo = max(e - 2 * need, 0)
@@ -352,14 +366,14 @@ def sawn(slices, valid, zs, spacing, c: Cylinder, n_sectors: int, r_max: float, 
 
 
 def surface_points(prof: SectorProfiles, cyl: Cylinder, z_ref: float, air: float, rise: float, step_vox: float,
-                    start_mm: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+                    start_mm: Optional[np.ndarray] = None, past_lines: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Surface points (y, x) in mm about ``cyl``'s centre at ``z_ref``, one per sector that has one, and
-    the sectors' indices."""
+    the sectors' indices (``past_lines``: :func:`outer_edge`'s)."""
     cy, cx = cyl.centre_at(z_ref)
     pts, ks = [], []
     for k in range(prof.n_sectors):
         start = None if start_mm is None else int(start_mm[k] / prof.step)
-        e = outer_edge(prof.mean[k], prof.covered[k], air, rise, step_vox, start)
+        e = outer_edge(prof.mean[k], prof.covered[k], air, rise, step_vox, start, past_lines)
         if e is None:
             continue
         r = prof.radius(e)
