@@ -31,8 +31,9 @@ Talking as it goes
 The callers hear of every event as it happens: ``on_record`` as each scan ends, ``on_retry``
 when a scan's worker died and it is tried again, ``on_start`` once the cluster is up (with the
 dashboard's address). Dask's own logs stay at WARNING (driver and local workers) unless
-``verbose``, and the scheduler's ERROR for a task whose worker died is left out, since the retry
-is reported here (:func:`ctpore.pipelines.batch_logs.quiet_dask`). Warnings a scan raises on its
+``verbose``, and the scheduler's ERRORs for work lost with a dead worker (a task it ran, a result it
+held) are left out, since the retry is reported here and Dask computes a lost result again
+(:func:`ctpore.pipelines.batch_logs.quiet_dask`). Warnings a scan raises on its
 worker come back in its record (``warnings``) for the caller to show.
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-__all__ = ["quiet_dask", "warning_records"]
+__all__ = ["WORKER_DIED", "quiet_dask", "warning_records"]
 
 
 def warning_records(caught: list) -> list[dict]:
@@ -27,11 +27,16 @@ def warning_records(caught: list) -> list[dict]:
     return out
 
 
+#: The scheduler's ERRORs for work lost with a dead worker: a task that was running on it (the batch
+#: retries it and says so), and a result that was waiting on it to be gathered (Dask computes it again).
+WORKER_DIED = ("workers died", "Couldn't gather keys")
+
+
 class _WorkerDiedFilter(logging.Filter):
-    """Leaves out the scheduler's ERROR for a task whose worker died: the batch retries it and says so."""
+    """Leaves out the scheduler's ERRORs for work lost with a dead worker (:data:`WORKER_DIED`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and "workers died" in record.getMessage())
+        return not (record.levelno >= logging.ERROR and any(m in record.getMessage() for m in WORKER_DIED))
 
 
 @contextlib.contextmanager

@@ -372,3 +372,35 @@ def test_a_stale_lock_warning_names_the_scans_path_and_the_output_folder(tmp_pat
         assert not (out / ".rock.lock").exists() and (out / "rock_metrics.json").exists()
         lines[sub] = line
     assert lines["a"] != lines["b"]
+
+
+@pytest.mark.parametrize("message,kept", [
+    ("Couldn't gather keys: {'ctpore-g0.nii-1-23433': 'memory'}", False),  # a result lost with its worker
+    ("Task ctpore-g1.nii-2 marked as failed because 4 workers died while trying to run it", False),
+    ("something else went wrong", True),
+])
+def test_the_schedulers_errors_for_work_lost_with_a_dead_worker_are_left_out(message, kept):
+    """A worker killed while the client gathers a result it held makes the scheduler log "Couldn't
+    gather keys" (Dask computes the result again); like the error for a task whose worker died, the
+    batch leaves it out of its output unless verbose. Any other scheduler error still shows."""
+    import logging
+
+    from ctpore.pipelines.batch_logs import quiet_dask
+
+    seen = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    sched = logging.getLogger("distributed.scheduler")
+    handler = Catch()
+    sched.addHandler(handler)
+    try:
+        with quiet_dask():
+            sched.error(message)
+        with quiet_dask(verbose=True):
+            sched.error(message)
+    finally:
+        sched.removeHandler(handler)
+    assert seen == ([message] * 2 if kept else [message])
