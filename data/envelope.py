@@ -197,14 +197,13 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
     r_max = float(np.max(np.hypot(corners[:, 0] - cyl.centre_mm[0], corners[:, 1] - cyl.centre_mm[1]))) + 4 * px
     rise = air + 0.25 * (material - air)
 
-    past_lines = [False]
+    def outer_points(past_lines: bool):
+        return lambda prof, c: surface_points(prof, c, z_ref, air, rise, BIN, past_lines=past_lines)
 
-    def outer(prof, c):
-        return surface_points(prof, c, z_ref, air, rise, BIN, past_lines=past_lines[0])
-
+    outer = outer_points(False)
     fitted, res, prof, n_sectors = circle_rounds(slices, valid, zs, spacing, cyl, r_max, outer)
     if fitted is None:  # every sector's outermost rise a thin bright line (ring artefacts): look past them,
-        past_lines[0] = True  # kept where the surface is then seen all round (not a few pores at a cut border)
+        outer = outer_points(True)  # kept where the surface is then seen all round (not pores at a cut border)
         fitted, res, prof, n_sectors = circle_rounds(slices, valid, zs, spacing, cyl, r_max, outer)
         fitted = fitted if len(res) >= 0.5 * n_sectors else None
     if fitted is None:
@@ -263,8 +262,7 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         env.cylinder, env.wall, env.points, env.sectors = sample, wall, int(len(res)), n_sectors
         if held is not None:
             env.points, env.sectors = int(held[0]), int(held[1])
-    mad = 1.4826 * float(np.median(np.abs(res - np.median(res)))) if res.size else float("nan")
-    env.spread_vox = mad / px
+    env.spread_vox = robust_spread(res) / px if res.size else float("nan")
     limit = cylinder_spread_limit(fitted.radius_mm, px)
     face = env.wall is None and cylinder_like and sawn(  # a core sawn or broken along its axis
         slices, valid, zs, spacing, fitted, n_sectors, r_max, outer, rise, limit * px)
