@@ -57,7 +57,7 @@ from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles,
 from ctpore.data.wall import fit_wall, inner_points
 
 __all__ = ["CYLINDER_SPREAD", "CYLINDER_SPREAD_REL", "MAX_SLICES", "Cylinder", "Envelope",
-           "cylinder_spread_limit", "fit_envelope", "sample_slices", "smooth_masked"]
+           "cylinder_spread_limit", "cylinder_stray", "fit_envelope", "sample_slices", "smooth_masked"]
 
 #: Slices read to fit the envelope (evenly spaced along Z).
 MAX_SLICES = 16
@@ -272,3 +272,24 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
         env.kind = "outline"
         env.outline = Outline(fitted, k, air, rise, material)
     return env
+
+
+def cylinder_stray(slices, valid, env: Envelope, spacing) -> float:
+    """The share of material (brighter than halfway between the air and the material) in a band 2 to
+    8 pixels of the fit's grid (``spacing``: every ``step``-th voxel of a large slice) outside a fitted
+    cylinder (and its wall): near 0 when the cylinder is the sample's surface, large when it cuts
+    through the sample."""
+    c = env.wall["outer"] if env.wall is not None else env.cylinder
+    px = min(spacing[1], spacing[2])
+    half = 0.5 * (env.levels["air"] + env.levels["material"])
+    hit = tot = 0
+    for sl, ok, z in zip(slices, valid, env.zs):
+        ny, nx = sl.shape
+        band = c.inside(float(z), (ny, nx), spacing[1:], shrink_mm=-8 * px) & ~c.inside(
+            float(z), (ny, nx), spacing[1:], shrink_mm=-2 * px)
+        if ok is not None:
+            band &= ok
+        g = smooth_masked(sl, ok)
+        hit += int(np.count_nonzero(band & (g > half)))
+        tot += int(np.count_nonzero(band))
+    return hit / tot if tot else 0.0

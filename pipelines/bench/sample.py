@@ -145,6 +145,7 @@ def _settings() -> str:
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
     from ctpore.data.profiles import EMPTY_SHARE, FACE_SPAN_DEG, OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
+    from ctpore.data.sample import EDGE_PORES
 
     return (f"The fit reads {MAX_SLICES} slices spread along the scan. A cylinder describes the sample when its "
             f"surface points spread about it by at most {CYLINDER_SPREAD} voxels or {100 * CYLINDER_SPREAD_REL:g}% "
@@ -165,7 +166,8 @@ def _settings() -> str:
             "slices, or the hull of their material together does (a block); an outline is uncertain where more than "
             f"{100 * OUTLINE_STRAY:g}% of a band {STRAY_BAND[0]} to {STRAY_BAND[1]} pixels of the fit's grid outside "
             "each read slice's own "
-            "outline is material. "
+            "outline is material, and is no outside at all where it is uncertain and its surface points are fewer "
+            f"than {100 * EDGE_PORES:g}% of its sectors (pores open at the slice's edge of a scan with no outside). "
             f"A pore voxel within {RIM} voxels of the surface counts only where it joins a pore deeper in. A tilt of "
             "the core's axis is kept where the surface points spread less about it than about a straight axis. The rim "
             f"check compares the porosity {SHELL[0]} to {SHELL[1]} voxels under the surface, and in the outer {RIM}, "
