@@ -31,10 +31,12 @@ TOUCH_REACH = 4.0
 #: the true one on average with 1, 0.12 outside it with 2 and 0.05 inside with 1.5.
 TEXTURE_POWER = 1.5
 
-#: A wall of small gain is taken when it is clearly uniform: its texture's variance above the air's at
-#: most this share of the sample's. On simulated scans (12 of each set-up), walls of gain under 25 had
-#: 0.27 at most where the fit found the wall's thickness (0.30 in one more, of gain 4.8); the outermost
-#: layer of a core with no wall had 0.57 or more wherever the fit was otherwise a wall's.
+#: A wall of gain under 25 touching the sample at the sample's level is taken only when it is clearly
+#: uniform: its texture's variance above the air's at most this share of the sample's. On simulated
+#: scans (12 of each set-up), walls of gain under 25 had 0.27 at most where the fit found the wall's
+#: thickness (0.30 in one more, of gain 4.8); the outermost layer of a core with no wall had 0.57 or
+#: more wherever the fit was otherwise a wall's (a core's outer layer holding half its middle's pores,
+#: 0.57 to 0.64, passed a looser bound of 0.7 as a wall it touched: development scenes, IoU 0.58-0.60).
 CLEARLY_UNIFORM = 0.4
 
 #: A wall differs from the sample: apart from it, or in level by this many of the sample's scatters
@@ -69,9 +71,9 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     sees a wall as grey as the sample: a wall is uniform, the material is not. Residuals are in
     units of the sample's own scatter between sectors; the gain is how much a wall lowers their
     cost, per sector. A wall is taken when the gain is at least 25, or at least 5 and the wall is
-    uniform (its variance above the air's at most 0.7 of the sample's), apart from the sample (an
-    air gap of 1.5 voxels) or of a level of its own (two scatters from the sample's), or at least 1.5
-    and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`); when it differs from the sample
+    apart from the sample (an air gap of 1.5 voxels) or of a level of its own (two scatters from the
+    sample's), or at least 1.5 and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`: a core's own
+    outer layer that merely holds fewer pores than its middle is not); when it differs from the sample
     (:data:`DISTINCT_LEVEL`, :data:`DISTINCT_TEXTURE`); and when it is between 1.5 voxels and a
     quarter of the radius thick (and not at either limit of the fit), holds the sample (to 1.5
     voxels, or to the blur of the sample's surface where that is more) and is seen all around (in
@@ -194,8 +196,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     _, levels = solve(wall_basis(best.x))
     (w_m, s_m), (w_v, s_v) = levels[0], levels[1]  # in units of the sample's scatter
     gap = gap_of(best.x)
-    # a wall is uniform, or apart from the sample, or of a level of its own
-    own = w_v <= 0.7 * s_v or gap >= 1.5 * px or abs(w_m - s_m) >= 2.0
+    # a wall of some gain is apart from the sample or of a level of its own; else clearly uniform
+    own = gap >= 1.5 * px or abs(w_m - s_m) >= 2.0
     mid = min(int(0.5 * (r_in + r_out) / prof.step), prof.nb - 1)
     seen = float(np.mean(prof.covered[:, mid]))  # a wall is seen all around, not in a slice's corners
     gain = (rss1 - rss2) / prof.n_sectors  # how much better a wall explains the profiles, per sector
