@@ -50,13 +50,6 @@ DISTINCT_LEVEL, DISTINCT_TEXTURE = 0.3, 0.2
 #: outweigh the wall seen in all the others (residuals are in units of the sample's own scatter).
 LOSS = "soft_l1"
 
-#: How far (voxels) the sample's disc may reach into the wall in the wall's fit before it is fitted
-#: again held inside it: a fitted surface's position is known to about half a voxel (the blur says how
-#: soft an edge is, not where it is). Where the two overlap their levels add, and a deeper overlap
-#: explains what is no wall: a core's edge brightened by beam-hardening cupping, taken for a wall 8.4
-#: voxels thick against 5.2 when the blur's 1.5 voxels were allowed (development scene, IoU 0.935).
-OVERLAP = 0.5
-
 
 def blurred_step(r, level, edge, sigma):
     """A blurred step: ``level`` inside ``edge`` (smaller radii), 0 outside."""
@@ -82,8 +75,9 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     sample's), or at least 1.5 and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`: a core's own
     outer layer that merely holds fewer pores than its middle is not); when it differs from the sample
     (:data:`DISTINCT_LEVEL`, :data:`DISTINCT_TEXTURE`); and when it is between 1.5 voxels and a
-    quarter of the radius thick (and not at either limit of the fit), holds the sample (to
-    :data:`OVERLAP` voxel) and is seen all around (in 60% of the sectors).
+    quarter of the radius thick (and not at either limit of the fit), holds the sample (to 1.5
+    voxels, or to the blur of the sample's surface where that is more) and is seen all around (in
+    60% of the sectors).
     Where the best fit has the sample's disc reaching into the wall beyond that (their levels added
     where they overlap, which no sample does), it is fitted again with the disc held inside the wall,
     and such a wall, like any wall the sample's disc reaches into at all (a negative gap), must be no
@@ -166,8 +160,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     def gap_of(x):  # the narrowest air between the wall and the sample
         return x[1] - x[0] - (x[5] + math.hypot(x[3], x[4]))
 
-    def holds(x):  # the sample within the wall, to half a voxel
-        return gap_of(x) >= -OVERLAP * px
+    def holds(x):  # the sample within the wall, to its surface's blur
+        return gap_of(x) >= -max(1.5 * px, x[6])
 
     held_in = not holds(best.x)
     if held_in:
