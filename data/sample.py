@@ -79,6 +79,9 @@ AIR_SLICE = 0.125
 #: gave such outlines at a share of 0.04 to 0.19; blocks in air 0.68 or more.
 EDGE_PORES = 0.25
 
+#: How the fit's notes begin the reason an outline was dropped by :data:`EDGE_PORES` (``describe`` says it).
+_EDGE_NOTE = "air seen in only"
+
 
 @dataclass
 class SampleFit:
@@ -247,7 +250,7 @@ class SampleFit:
         fov = (f" within a field of view whose outside holds the constant grey value {self.constant:g}"
                if self.constant is not None else "")
         if kind == "none":
-            edge = [n for n in env.notes if n.startswith("air seen in only")]
+            edge = [n for n in env.notes if n.startswith(_EDGE_NOTE)]
             return "no outside: the material reaches the border" + (f" ({edge[0]})" if edge else "")
         if kind == "constant":
             return f"the constant grey value {self.constant:g} connected to the slices' border"
@@ -378,7 +381,7 @@ def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> Sa
         if not fit.confident and env.points < EDGE_PORES * env.sectors:
             # a few sectors ending in a pore at the slice's edge, the rest cut: material to the border
             env.kind = "none"
-            env.notes.append(f"air seen in only {env.points} of {env.sectors} directions, at the slice's edge: "
+            env.notes.append(f"{_EDGE_NOTE} {env.points} of {env.sectors} directions, at the slice's edge: "
                              "pores open at the edge, not an outside")
     if env.kind == "none" and constant is None:
         fit.dark = dark_rule(slices)

@@ -126,6 +126,7 @@ def test_a_scan_with_pores_open_at_the_slices_edge_has_no_outside(seed):
     scan, _truth, _ = make_pair(seed, shape=(24, 160, 160), scene=None)
     fit = find_sample(scan, (0.01, 0.01, 0.01))
     assert fit.kind == "none", (fit.kind, fit.describe())
+    assert "pores open at the edge" in fit.describe()  # what the metrics' `found` says
     if seed == 2610923:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
