@@ -16,7 +16,7 @@ import numpy as np
 
 from ctpore.data.profiles import BIN, Cylinder, SectorProfiles
 
-__all__ = ["LOSS", "TOUCH_CONTRAST", "TOUCH_REACH", "blurred_step", "fit_wall", "inner_points"]
+__all__ = ["HELD_LEVEL", "LOSS", "OVERLAP", "TOUCH_CONTRAST", "TOUCH_REACH", "blurred_step", "fit_wall", "inner_points"]
 
 #: A sample touching its wall ends where the grey values cross from its level to the wall's, when the
 #: two differ by at least this share of the sample's level above the air's ...
@@ -45,6 +45,19 @@ CLEARLY_UNIFORM = 0.4
 #: more in level or by 0.43 or more in texture; the outer layer of a uniform core without pores, which
 #: a wall of the core's own level and texture explains, by neither.
 DISTINCT_LEVEL, DISTINCT_TEXTURE = 0.3, 0.2
+
+#: How far (voxels) the sample's disc may reach into its wall in the free fit before the fit is made
+#: again with the disc held inside the wall. Where the two overlap their levels add, and can explain a
+#: core's edge brightened by beam-hardening cupping as wall (a development scene: a wall fitted 8.4
+#: voxels thick against 5.2, the core ending 2 to 3 voxels short).
+OVERLAP = 0.5
+
+#: ... where the free fit's disc reaches in by more than :data:`OVERLAP` but within the blur of the
+#: sample's surface (or 1.5 voxels), the held fit is taken only if it changes the wall's level by at
+#: most this share and keeps within its thickness limits: holding the disc inside moves the wall's
+#: inner surface; a held fit needing a brighter or darker wall explains something else (a core pressed
+#: on a tube much darker than itself, its held fit a ring 1.5 voxels thick at twice the level).
+HELD_LEVEL = 0.2
 
 #: The fits' loss: robust, so that the sectors where a large pore opens at the sample's surface do not
 #: outweigh the wall seen in all the others (residuals are in units of the sample's own scatter).
@@ -79,7 +92,9 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
     voxels, or to the blur of the sample's surface where that is more) and is seen all around (in
     60% of the sectors).
     Where the best fit has the sample's disc reaching into the wall beyond that (their levels added
-    where they overlap, which no sample does), it is fitted again with the disc held inside the wall,
+    where they overlap, which no sample does), it is fitted again with the disc held inside the wall
+    (and where it reaches in by over :data:`OVERLAP`, within that, the held fit is taken where it keeps
+    the wall's level, :data:`HELD_LEVEL`),
     and such a wall, like any wall the sample's disc reaches into at all (a negative gap), must be no
     more textured than the sample.
     """
@@ -164,7 +179,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
         return gap_of(x) >= -max(1.5 * px, x[6])
 
     held_in = not holds(best.x)
-    if held_in:
+    free = best
+    if held_in or gap_of(best.x) < -OVERLAP * px:
         # the sample's disc reaches into the wall, where the two levels add up: no sample does that.
         # Fit again with the disc held inside the wall's inner surface (its gap to it, >= 0, fitted);
         # such a wall must be no more textured than the sample (the outer layer of a core in air,
@@ -189,6 +205,11 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float) -> Optional[dict]:
                 held_best = sol
         best = held_best
         best.x = held(held_best.x)
+        if not held_in:  # the free fit was within the blur: the held one must only move the wall's inner surface
+            w_free, w_held = (float(solve(wall_basis(x))[1][0][0]) for x in (free.x, best.x))
+            if not lo[0] * 1.02 < best.x[0] < hi[0] * 0.98 or abs(w_held - w_free) > HELD_LEVEL * abs(w_free):
+                best = free  # it ran into its limits, or needs a wall of another level: the free fit stands
+        held_in = best is not free
     thickness, r_out, share, dy, dx, r_s, sig_s = (float(v) for v in best.x)
     rss2 = 2.0 * float(best.cost)
     sig = share * sig_s
