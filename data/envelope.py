@@ -229,7 +229,7 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
                    cut=counts[2])
     # a wall is a tube: looked for only when the outermost surface is a cylinder
     wall_prof = SectorProfiles(slices, valid, zs, spacing, fitted, min(n_sectors, 32), r_max) if cylinder_like else None
-    wall = fit_wall(wall_prof, fitted, air) if cylinder_like else None
+    wall = fit_wall(wall_prof, fitted, air, env.notes) if cylinder_like else None
     if wall is not None:
         r_in = wall["r_in"]
         inner_material = material  # the sample's bright phase, not the wall's

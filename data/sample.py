@@ -54,6 +54,7 @@ import numpy as np
 
 from ctpore.data.binary import erode_diamond
 from ctpore.data.envelope import Envelope, cylinder_spread_limit, cylinder_stray, fit_envelope, sample_slices
+from ctpore.data.wall import THIN_WALL_NOTE
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
 from ctpore.data.outline import OUTLINE_STRAY
 from ctpore.data.profiles import PROFILE_PIXELS
@@ -133,7 +134,8 @@ class SampleFit:
             # inside a wall the sample stays a cylinder however its surface points spread: they must
             # still spread little about it (twice what makes a sample in air a cylinder)
             held = env.spread_vox <= 2.0 * cylinder_spread_limit(env.cylinder.radius_mm, min(self.spacing_mm[1:]))
-            return env.points >= 8 and seen and held and self.checks.get("stray", 0.0) <= 0.2
+            thin = any(n.startswith(THIN_WALL_NOTE) for n in env.notes)  # a wall it could not resolve
+            return env.points >= 8 and seen and held and self.checks.get("stray", 0.0) <= 0.2 and not thin
         if self.kind == "outline":  # and it leaves no material outside it
             return seen and self.checks.get("stray", 0.0) <= OUTLINE_STRAY
         return True
@@ -262,7 +264,8 @@ class SampleFit:
                     f"of {env.sectors} sectors)")
             if env.wall is not None:
                 text += f", inside a container wall {f * env.wall['thickness_mm']:.3g} {unit} thick"
-            return text + fov
+            thin = [n for n in env.notes if n.startswith(THIN_WALL_NOTE)]
+            return text + fov + (f" ({thin[0]})" if thin else "")
         if kind == "outline":
             return "the outline (convex hull) of the material, slab by slab" + fov
         return ("grey values up to {:g} connected to the slices' border (no shape fits: uncertain)"
