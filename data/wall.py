@@ -16,8 +16,8 @@ import numpy as np
 
 from ctpore.data.profiles import BIN, Cylinder, SectorProfiles
 
-__all__ = ["HELD_LEVEL", "LOSS", "OVERLAP", "THIN_WALL_NOTE", "TOUCH_CONTRAST", "TOUCH_REACH", "blurred_step",
-           "fit_wall", "inner_points"]
+__all__ = ["HELD_LEVEL", "LOSS", "OVERLAP", "STRONG_GAIN", "THIN_WALL_NOTE", "TOUCH_CONTRAST", "TOUCH_REACH",
+           "blurred_step", "fit_wall", "inner_points"]
 
 #: A sample touching its wall ends where the grey values cross from its level to the wall's, when the
 #: two differ by at least this share of the sample's level above the air's ...
@@ -32,13 +32,19 @@ TOUCH_REACH = 4.0
 #: the true one on average with 1, 0.12 outside it with 2 and 0.05 inside with 1.5.
 TEXTURE_POWER = 1.5
 
-#: A wall of gain under 25 touching the sample at the sample's level is taken only when it is clearly
+#: A wall of gain under :data:`STRONG_GAIN` touching the sample at the sample's level is taken only when it is clearly
 #: uniform: its texture's variance above the air's at most this share of the sample's. On simulated
 #: scans (12 of each set-up), walls of gain under 25 had 0.27 at most where the fit found the wall's
 #: thickness (0.30 in one more, of gain 4.8); the outermost layer of a core with no wall had 0.57 or
 #: more wherever the fit was otherwise a wall's (a core's outer layer holding half its middle's pores,
 #: 0.57 to 0.64, passed a looser bound of 0.7 as a wall it touched: development scenes, IoU 0.58-0.60).
 CLEARLY_UNIFORM = 0.4
+
+#: The gain at which a wall that differs from the sample needs no other evidence. Tubes the fit placed
+#: right (thickness within a third of a voxel), touching the core at about its level, had gains of 18
+#: to 23 and textures of 0.40 to 0.54 of the core's (development scenes, the tube counted as sample
+#: under a bound of 25); cores' own outer layers that passed every other test had gains of 8 at most.
+STRONG_GAIN = 12.0
 
 #: A wall differs from the sample: apart from it, or in level by this many of the sample's scatters
 #: between sectors, or in texture (the sample's variance above the wall's) by this many. On simulated
@@ -90,8 +96,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float, notes: Optional[li
     thick wall blurred more than the scanner does explain a grey wall's profile alike). The variance
     sees a wall as grey as the sample: a wall is uniform, the material is not. Residuals are in
     units of the sample's own scatter between sectors; the gain is how much a wall lowers their
-    cost, per sector. A wall is taken when the gain is at least 25, or at least 5 and the wall is
-    apart from the sample (an air gap of 1.5 voxels) or of a level of its own (two scatters from the
+    cost, per sector. A wall is taken when the gain is at least 12 (:data:`STRONG_GAIN`), or at least 5
+    and the wall is apart from the sample (an air gap of 1.5 voxels) or of a level of its own (two scatters from the
     sample's), or at least 1.5 and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`: a core's own
     outer layer that merely holds fewer pores than its middle is not); when it differs from the sample
     (:data:`DISTINCT_LEVEL`, :data:`DISTINCT_TEXTURE`); and when it is between 1.5 voxels and a
@@ -232,7 +238,8 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float, notes: Optional[li
     gain = (rss1 - rss2) / prof.n_sectors  # how much better a wall explains the profiles, per sector
     # a wall the fit cannot tell from the sample, in level or in texture, is the sample's own outer layer
     distinct = gap >= 1.5 * px or abs(w_m - s_m) >= DISTINCT_LEVEL or s_v - w_v >= DISTINCT_TEXTURE
-    evidence = distinct and (gain >= 25.0 or (gain >= 5.0 and own) or (gain >= 1.5 and w_v <= CLEARLY_UNIFORM * s_v))
+    evidence = distinct and (gain >= STRONG_GAIN or (gain >= 5.0 and own)
+                             or (gain >= 1.5 and w_v <= CLEARLY_UNIFORM * s_v))
     at_bound = thickness <= lo[0] * 1.02 or thickness >= hi[0] * 0.98  # the fit ran into its limits: no wall
     uniform = w_v <= s_v or (not held_in and gap >= 0.0)  # a wall the sample reaches into is the less textured
     passes = evidence and uniform and holds(best.x) and w_m > 0 and seen >= 0.6
