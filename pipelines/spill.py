@@ -3,7 +3,8 @@
 :class:`BlockSpill` holds the raw probabilities between prediction (written tile block by tile
 block) and post-processing (read back slab by slab); :func:`windowed` gives the predictor an
 uncompressed copy of a compressed scan when the plane needs several tiles. Both are nameless
-temporary files beside the outputs: they vanish with the process, whatever ends it.
+temporary files beside the outputs (:func:`nameless_file`): they vanish with the process, whatever
+ends it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,22 @@ import numpy as np
 from ctpore.data.io import Scan
 from ctpore.progress import ProgressFn
 
-__all__ = ["BlockSpill", "RawCopy", "windowed"]
+__all__ = ["BlockSpill", "RawCopy", "nameless_file", "windowed"]
+
+
+def nameless_file(folder, prefix: str) -> int:
+    """A read-write descriptor of a new file in ``folder`` that has no name: made so by the kernel
+    (``O_TMPFILE``) where the file system allows it, so that not even a kill at that instant leaves a
+    file behind; elsewhere made with a name (``prefix``) that is removed at once."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if flag:
+        try:
+            return os.open(folder, flag | os.O_RDWR, 0o600)
+        except OSError:  # a file system without it
+            pass
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".f32", dir=folder)
+    os.unlink(name)
+    return fd
 
 
 class BlockSpill:
@@ -34,9 +50,7 @@ class BlockSpill:
 
     def __init__(self, folder: str | os.PathLike, shape: tuple[int, int, int]):
         self.shape = tuple(int(s) for s in shape)
-        fd, name = tempfile.mkstemp(prefix=".ctpore-spill-", suffix=".f32", dir=folder)
-        os.unlink(name)  # nameless from the start: even a killed run leaves nothing behind
-        self._fd = fd
+        self._fd = nameless_file(folder, ".ctpore-spill-")  # even a killed run leaves nothing behind
         self._tiles: dict[tuple[int, int, int, int], int] = {}  # (y0, y1, x0, x1) -> byte offset
         self._end = 0
 
@@ -85,9 +99,7 @@ class RawCopy:
                  stage: str = "decompressing the scan", copy: bool = True):
         self.shape = tuple(int(s) for s in scan.shape)
         nz, ny, nx = self.shape
-        fd, name = tempfile.mkstemp(prefix=".ctpore-scan-", suffix=".f32", dir=folder)
-        os.unlink(name)
-        self._fd = fd
+        self._fd = nameless_file(folder, ".ctpore-scan-")
         if not copy:  # the caller writes the slices (:meth:`write`), in a pass of its own
             return
         step = max(1, (64 << 20) // (4 * ny * nx))

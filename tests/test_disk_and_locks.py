@@ -34,6 +34,7 @@ from ctpore.data.synthetic import make_pair
 from ctpore.errors import InputError
 from ctpore.pipelines import disk as disk_mod
 from ctpore.pipelines import reconstruct as reconstruct_mod
+from ctpore.pipelines import spill as spill_mod
 from ctpore.pipelines.disk import gzip_bound, peaks, run_needs
 from ctpore.pipelines.claims import LOCK_STALE_S, OutputsHeld, claim_outputs, lock_path, read_lock
 from ctpore.pipelines.outputs import output_paths
@@ -117,6 +118,13 @@ def test_tmp_dir_takes_the_temporaries_and_both_places_are_checked(tmp_path, sca
         return real_mkstemp(*a, **k)
 
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    real_nameless = spill_mod.nameless_file
+
+    def nameless(folder, prefix):
+        made.append((prefix, Path(folder)))
+        return real_nameless(folder, prefix)
+
+    monkeypatch.setattr(spill_mod, "nameless_file", nameless)
     code, _, err = run_cli(["reconstruct", scan_file, "-o", out, "--method", "otsu"], capsys)
     assert code == 2 and "raw probabilities" in err and str(out) in err and not made, err  # without --tmp-dir
     code, _, err = run_cli(["reconstruct", scan_file, "-o", out, "--method", "otsu", "--tmp-dir", tmp], capsys)
@@ -165,6 +173,9 @@ def test_the_estimate_names_the_temporaries_a_run_makes(tmp_path, tiny_weights, 
 
     monkeypatch.setattr(tempfile, "mkstemp", recorded(real_mkstemp))
     monkeypatch.setattr(tempfile, "TemporaryFile", recorded(real_tempfile))
+    real_nameless = spill_mod.nameless_file
+    monkeypatch.setattr(spill_mod, "nameless_file",
+                        lambda folder, prefix: (made.append((prefix, Path(folder))), real_nameless(folder, prefix))[1])
     monkeypatch.setattr(disk_mod, "check_disk", lambda needs: (estimated.extend(needs), real_check(needs))[1])
     out = reconstruct_file(path, tmp_path / "out", weights=tiny_weights, tile=tile, slice_axis=axis,
                            tmp_dir=tmp_path)
@@ -556,3 +567,33 @@ def test_two_batch_drivers_on_one_manifest_do_every_scan_once(tmp_path, tiny_wei
     with open(out / "batch_summary.csv") as fh:  # one row per scan, whichever driver wrote it last
         assert sorted((Path(r["scan"]).name, r["status"]) for r in csv.DictReader(fh)) == [
             (f"{n}.nii", "done") for n in names]
+
+
+def _o_tmpfile_works(folder) -> bool:
+    try:
+        os.close(os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600))
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
+def test_a_spill_file_never_has_a_name_where_the_file_system_allows(tmp_path, monkeypatch):
+    """The raw probabilities' spill file was made with a name and unlinked at once: a batch killed
+    between the two left a ``.ctpore-spill-*.f32`` in the output folder (a killed-run test caught one).
+    Where the file system makes nameless files (``O_TMPFILE``), no name is ever made; elsewhere, as
+    before, it is removed at once."""
+    from ctpore.pipelines.spill import BlockSpill, nameless_file
+
+    if not _o_tmpfile_works(tmp_path):
+        pytest.skip("this file system has no O_TMPFILE")
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: pytest.fail("a named temporary file was made"))
+    with BlockSpill(tmp_path, (4, 3, 5)) as spill:
+        block = np.arange(60, dtype=np.float32).reshape(4, 3, 5)
+        spill[0:4, 0:3, 0:5] = block
+        assert list(tmp_path.iterdir()) == []
+        np.testing.assert_array_equal(spill.read(1, 3), block[1:3])
+    monkeypatch.undo()
+    monkeypatch.delattr(os, "O_TMPFILE")  # a file system without it: named, then unlinked
+    fd = nameless_file(tmp_path, ".ctpore-spill-")
+    os.close(fd)
+    assert list(tmp_path.iterdir()) == []
