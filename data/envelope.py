@@ -102,6 +102,10 @@ class Envelope:
     zs: tuple = ()
     cut: int = 0
 
+    def note(self, start: str) -> Optional[str]:
+        """The first of the fit's notes that begins with ``start``, or None."""
+        return next((n for n in self.notes if n.startswith(start)), None)
+
 
 def sample_slices(nz: int, max_slices: int = MAX_SLICES) -> np.ndarray:
     """Indices of the slices the fit reads: evenly spaced, the first and last 5% left out (a core's

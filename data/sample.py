@@ -54,10 +54,10 @@ import numpy as np
 
 from ctpore.data.binary import erode_diamond
 from ctpore.data.envelope import Envelope, cylinder_spread_limit, cylinder_stray, fit_envelope, sample_slices
-from ctpore.data.wall import THIN_WALL_NOTE
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
 from ctpore.data.outline import OUTLINE_STRAY
 from ctpore.data.profiles import PROFILE_PIXELS
+from ctpore.data.wall import THIN_WALL_NOTE
 
 __all__ = ["AIR_SLICE", "BEYOND", "EDGE_PORES", "KINDS", "SURFACE", "WALL", "SampleFit", "find_sample"]
 
@@ -134,7 +134,7 @@ class SampleFit:
             # inside a wall the sample stays a cylinder however its surface points spread: they must
             # still spread little about it (twice what makes a sample in air a cylinder)
             held = env.spread_vox <= 2.0 * cylinder_spread_limit(env.cylinder.radius_mm, min(self.spacing_mm[1:]))
-            thin = any(n.startswith(THIN_WALL_NOTE) for n in env.notes)  # a wall it could not resolve
+            thin = env.note(THIN_WALL_NOTE) is not None  # a wall it could not resolve
             return env.points >= 8 and seen and held and self.checks.get("stray", 0.0) <= 0.2 and not thin
         if self.kind == "outline":  # and it leaves no material outside it
             return seen and self.checks.get("stray", 0.0) <= OUTLINE_STRAY
@@ -252,8 +252,8 @@ class SampleFit:
         fov = (f" within a field of view whose outside holds the constant grey value {self.constant:g}"
                if self.constant is not None else "")
         if kind == "none":
-            edge = [n for n in env.notes if n.startswith(_EDGE_NOTE)]
-            return "no outside: the material reaches the border" + (f" ({edge[0]})" if edge else "")
+            edge = env.note(_EDGE_NOTE)
+            return "no outside: the material reaches the border" + (f" ({edge})" if edge else "")
         if kind == "constant":
             return f"the constant grey value {self.constant:g} connected to the slices' border"
         if kind == "cylinder":
@@ -264,8 +264,8 @@ class SampleFit:
                     f"of {env.sectors} sectors)")
             if env.wall is not None:
                 text += f", inside a container wall {f * env.wall['thickness_mm']:.3g} {unit} thick"
-            thin = [n for n in env.notes if n.startswith(THIN_WALL_NOTE)]
-            return text + fov + (f" ({thin[0]})" if thin else "")
+            thin = env.note(THIN_WALL_NOTE)
+            return text + fov + (f" ({thin})" if thin else "")
         if kind == "outline":
             return "the outline (convex hull) of the material, slab by slab" + fov
         return ("grey values up to {:g} connected to the slices' border (no shape fits: uncertain)"

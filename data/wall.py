@@ -32,12 +32,14 @@ TOUCH_REACH = 4.0
 #: the true one on average with 1, 0.12 outside it with 2 and 0.05 inside with 1.5.
 TEXTURE_POWER = 1.5
 
-#: A wall of gain under :data:`STRONG_GAIN` touching the sample at the sample's level is taken only when it is clearly
-#: uniform: its texture's variance above the air's at most this share of the sample's. On simulated
-#: scans (12 of each set-up), walls of gain under 25 had 0.27 at most where the fit found the wall's
-#: thickness (0.30 in one more, of gain 4.8); the outermost layer of a core with no wall had 0.57 or
-#: more wherever the fit was otherwise a wall's (a core's outer layer holding half its middle's pores,
-#: 0.57 to 0.64, passed a looser bound of 0.7 as a wall it touched: development scenes, IoU 0.58-0.60).
+#: A wall of gain under :data:`STRONG_GAIN` touching the sample at the sample's level is taken only
+#: when it is clearly uniform: its texture's variance above the air's at most this share of the
+#: sample's. On simulated scans (12 of each set-up), walls of gain under 25 had 0.27 at most where the
+#: fit found the wall's thickness (0.30 in one more, of gain 4.8; later development scenes had 0.40 to
+#: 0.54 at gains of 18 to 23, which :data:`STRONG_GAIN` takes); the outermost layer of a core with no
+#: wall had 0.57 or more wherever the fit was otherwise a wall's (a core's outer layer holding half its
+#: middle's pores, 0.57 to 0.64, passed a looser bound of 0.7 as a wall it touched: development scenes,
+#: IoU 0.58-0.60).
 CLEARLY_UNIFORM = 0.4
 
 #: The gain at which a wall that differs from the sample needs no other evidence. Tubes the fit placed
@@ -96,9 +98,9 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float, notes: Optional[li
     thick wall blurred more than the scanner does explain a grey wall's profile alike). The variance
     sees a wall as grey as the sample: a wall is uniform, the material is not. Residuals are in
     units of the sample's own scatter between sectors; the gain is how much a wall lowers their
-    cost, per sector. A wall is taken when the gain is at least 12 (:data:`STRONG_GAIN`), or at least 5
-    and the wall is apart from the sample (an air gap of 1.5 voxels) or of a level of its own (two scatters from the
-    sample's), or at least 1.5 and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`: a core's own
+    cost, per sector. A wall is taken when the gain is at least 12 (:data:`STRONG_GAIN`), or at least
+    5 and the wall is apart from the sample (an air gap of 1.5 voxels) or of a level of its own (two
+    scatters from the sample's), or at least 1.5 and the wall is clearly uniform (:data:`CLEARLY_UNIFORM`: a core's own
     outer layer that merely holds fewer pores than its middle is not); when it differs from the sample
     (:data:`DISTINCT_LEVEL`, :data:`DISTINCT_TEXTURE`); and when it is between 1.5 voxels and a
     quarter of the radius thick (and not at either limit of the fit), holds the sample (to 1.5
@@ -189,6 +191,9 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float, notes: Optional[li
     def gap_of(x):  # the narrowest air between the wall and the sample
         return x[1] - x[0] - (x[5] + math.hypot(x[3], x[4]))
 
+    def at_limit(t):  # the fit ran into its thickness limits (the thinnest, the thickest)
+        return t <= lo[0] * 1.02, t >= hi[0] * 0.98
+
     def holds(x):  # the sample within the wall, to its surface's blur
         return gap_of(x) >= -max(1.5 * px, x[6])
 
@@ -221,7 +226,7 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float, notes: Optional[li
         best.x = held(held_best.x)
         if not held_in:  # the free fit was within the blur: the held one must only move the wall's inner surface
             w_free, w_held = (float(solve(wall_basis(x))[1][0][0]) for x in (free.x, best.x))
-            if not lo[0] * 1.02 < best.x[0] < hi[0] * 0.98 or abs(w_held - w_free) > HELD_LEVEL * abs(w_free):
+            if any(at_limit(best.x[0])) or abs(w_held - w_free) > HELD_LEVEL * abs(w_free):
                 best = free  # it ran into its limits, or needs a wall of another level: the free fit stands
         held_in = best is not free
     thickness, r_out, share, dy, dx, r_s, sig_s = (float(v) for v in best.x)
@@ -240,12 +245,12 @@ def fit_wall(prof: SectorProfiles, cyl: Cylinder, air: float, notes: Optional[li
     distinct = gap >= 1.5 * px or abs(w_m - s_m) >= DISTINCT_LEVEL or s_v - w_v >= DISTINCT_TEXTURE
     evidence = distinct and (gain >= STRONG_GAIN or (gain >= 5.0 and own)
                              or (gain >= 1.5 and w_v <= CLEARLY_UNIFORM * s_v))
-    at_bound = thickness <= lo[0] * 1.02 or thickness >= hi[0] * 0.98  # the fit ran into its limits: no wall
+    thinnest, thickest = at_limit(thickness)  # the fit ran into its limits: no wall
     uniform = w_v <= s_v or (not held_in and gap >= 0.0)  # a wall the sample reaches into is the less textured
     passes = evidence and uniform and holds(best.x) and w_m > 0 and seen >= 0.6
-    if notes is not None and passes and thickness <= lo[0] * 1.02:
+    if notes is not None and passes and thinnest:
         notes.append(f"{THIN_WALL_NOTE}: a wall may be counted as sample")
-    if not (passes and not at_bound):
+    if not passes or thinnest or thickest:
         return None
     return {"outer": cyl, "r_in": r_in, "r_out": r_out, "thickness_mm": thickness,
             "level": w_m * scat[0] + air, "blur_mm": sig, "fit_gain": rss1 / max(rss2, 1e-12)}
