@@ -176,7 +176,7 @@ def real_cases(label_path) -> list:
     return [(side, scan, labeller(truth, outside=side == "outside")) for side in ("inside", "outside")]
 
 
-def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 300, minutes: Optional[float] = 10.0,
+def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 600, minutes: Optional[float] = 10.0,
                 methods=("poreformer", "unet2d", "unet3d"), workdir: Path = Path("runs/adapt"),
                 real: Optional[Path] = None, progress: ProgressFn = None) -> dict:
     """Every scan, method and rung (module docstring); returns ``{"cases", "means", ...}``; with

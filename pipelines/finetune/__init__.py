@@ -77,7 +77,7 @@ def _check_out(out: Path, overwrite: bool) -> Path:
 
 
 def finetune(scans: Sequence[PathLike], labels: Sequence[PathLike], out: PathLike, *, method: str = "poreformer",
-             weights: Optional[PathLike] = None, steps: int = 300, minutes: Optional[float] = None, seed: int = 0,
+             weights: Optional[PathLike] = None, steps: int = 600, minutes: Optional[float] = None, seed: int = 0,
              dense: bool = False, calibrate_only: bool = False, device: str = "cpu", sample: Any = "auto",
              overwrite: bool = False, progress: ProgressFn = None) -> dict:
     """Fine-tune ``method`` on ``labels`` of ``scans`` and write the weights to ``out`` (module
@@ -111,7 +111,7 @@ def _trainable(method: str):
 
 
 def finetune_volumes(vols: list, geoms: list, labs: list, out: PathLike, *, sources: list, label_sources: list,
-                     method: str = "poreformer", weights: Optional[PathLike] = None, steps: int = 300,
+                     method: str = "poreformer", weights: Optional[PathLike] = None, steps: int = 600,
                      minutes: Optional[float] = None, seed: int = 0, calibrate_only: bool = False,
                      device: str = "cpu", sample: Any = "auto", progress: ProgressFn = None,
                      t0: Optional[float] = None) -> dict:

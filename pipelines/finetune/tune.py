@@ -118,7 +118,7 @@ def _held_mse(model, volumes, held, crop) -> float:
     return sq / max(n, 1)
 
 
-def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, steps: int = 300,
+def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, steps: int = 600,
                  minutes: Optional[float] = None, seed: int = 0, lr: float = LR, crop: tuple = CROP,
                  causal_crops: bool = True, progress: ProgressFn = None) -> dict:
     """Fine-tune ``model`` in place on ``train`` (label codes per normalized volume of ``volumes``),
