@@ -183,6 +183,7 @@ def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 600, minut
     ``real`` (a 0/1 label file of a real pore geometry), its two cases under ``"real"`` (apart from
     the means)."""
     from ctpore.data.synthetic.structures import FAMILIES
+    from ctpore.pipelines.bench.analysis import cpu_name
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -197,7 +198,7 @@ def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 600, minut
     means = {n: {k: float(np.mean([c["methods"][n][k] for c in cases]))
                  for k in ("mse", "dice", "euler_error", "adapt_seconds")} for n in names}
     res = {"shape": list(shape), "n_scans": n_scans, "steps": steps, "minutes": minutes, "cases": cases,
-           "means": means, "figure": figure}
+           "means": means, "figure": figure, "cpu": cpu_name()}
     if real is not None:
         res["real"] = {"label": Path(real).name, "cases": []}
         for side, scan, truth in real_cases(real):
@@ -268,7 +269,7 @@ def write_adapt_report(res: dict, outdir: Path, command: str) -> tuple[Path, Pat
              "a scanner model unlike ctpore's simulator (phase-contrast fringes, cupping, a long-tailed blur, "
              "Poisson noise at low counts), labelled a voxel inside or outside ctpore's boundary; scored on the "
              f"slices at least {GAP} slices from any labelled one (MSE, Dice, summed |3D Euler error| over "
-             "those blocks)." + picture, "",
+             "those blocks); seconds on " + res.get("cpu", "an unnamed CPU") + "." + picture, "",
              "| method | MSE | Dice | summed \\|χ error\\| | seconds to adapt |", "|---|---:|---:|---:|---:|"]
     for name, m in res["means"].items():
         lines.append(f"| {name} | {m['mse']:.4f} | {m['dice']:.3f} | {m['euler_error']:.1f} | "
