@@ -4,6 +4,7 @@ held-back figures against hand-made truths, the refit, and a short tuning that r
 from __future__ import annotations
 
 import json
+import os
 
 import nibabel as nib
 import numpy as np
@@ -246,6 +247,7 @@ def test_bench_adapt_quick_runs_every_rung_and_writes_its_report(tmp_path, capsy
         assert 0.0 <= m["mse"] <= 1.0 and 0.0 <= m["dice"] <= 1.0 and m["euler_error"] >= 0
     text = (tmp_path / "adapt.md").read_text()
     assert "| poreformer tuned k=3 |" in text and "](adapt.png)" in text
+    assert f"seconds on {res['cpu']}." in text and f"{os.cpu_count()} cores" in res["cpu"]  # speed beside its CPU
     from PIL import Image
 
     with Image.open(tmp_path / "adapt.png") as im:  # two rows of four slices of the 64 x 64 quick scan, doubled
