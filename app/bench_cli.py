@@ -199,6 +199,7 @@ def bench_sample(n, shape, timings, outdir):
 @_option("--quick", is_flag=True, show_default=True, help="One small scan and a few steps (a check that it runs).")
 @_option("--shape", default="128x256x256", show_default=True, help="Scan shape Z x Y x X.")
 @_option("--n-scans", default=4, show_default=True, type=click.IntRange(1), help="Scans (one per pore family).")
+# the pipeline's STEPS (a test keeps them equal; the command does not import the pipeline to start)
 @_option("--steps", default=600, show_default=True, type=click.IntRange(1), help="Most steps of each tuning.")
 @_option("--minutes", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Most minutes of each.")
 @_option("--workdir", default=Path("runs/adapt"), show_default=True, type=click.Path(path_type=Path),

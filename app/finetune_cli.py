@@ -28,6 +28,7 @@ __all__ = ["finetune"]
          help="The learned method to tune.")
 @_option("--weights", type=click.Path(path_type=Path), default=None, show_default="the shipped weights",
          help="The weights to start from.")
+# the pipeline's STEPS (a test keeps them equal; the command does not import the pipeline to start)
 @_option("--steps", default=600, show_default=True, type=click.IntRange(1), help="At most this many steps.")
 @_option("--minutes", default=None, type=click.FloatRange(0.1), show_default="no limit",
          help="Stop after this many minutes of tuning.")

@@ -233,6 +233,24 @@ def test_calibrate_only_keeps_the_network(scene, capsys):
     assert all(bool((a[k] == b[k]).all()) for k in b)
 
 
+def test_the_commands_default_to_the_pipelines_number_of_steps():
+    """``finetune`` and ``bench adapt`` state their default steps without importing the pipeline (a
+    command starts light); they must be the pipeline's :data:`STEPS`, which the API and the tuning use."""
+    import inspect
+
+    from ctpore.app.bench_cli import bench
+    from ctpore.app.finetune_cli import finetune as finetune_cmd
+    from ctpore.pipelines.bench.adapt import bench_adapt
+    from ctpore.pipelines.finetune import STEPS, finetune
+    from ctpore.pipelines.finetune.tune import tune_network
+
+    def option(cmd):
+        return next(p.default for p in cmd.params if p.name == "steps")
+
+    assert option(finetune_cmd) == option(bench.commands["adapt"]) == STEPS
+    assert all(inspect.signature(f).parameters["steps"].default == STEPS for f in (finetune, tune_network, bench_adapt))
+
+
 def test_bench_adapt_quick_runs_every_rung_and_writes_its_report(tmp_path, capsys):
     """``ctpore bench adapt --quick``: the other scanner's scan, every method and rung scored on the
     slices away from the labelled ones, and the report written with the command that wrote it."""

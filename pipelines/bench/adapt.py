@@ -31,6 +31,7 @@ from scipy import ndimage as ndi
 
 from ctpore.data.sparse_labels import PORE, SOLID
 from ctpore.data.splits import FURTHER_SEED_BASE
+from ctpore.pipelines.finetune import STEPS
 from ctpore.progress import ProgressFn
 
 __all__ = ["ADAPT_DEV_SEED_BASE", "ADAPT_SEED_BASE", "GAP", "adapt_case", "other_scanner", "labeller", "scored_blocks",
@@ -176,7 +177,7 @@ def real_cases(label_path) -> list:
     return [(side, scan, labeller(truth, outside=side == "outside")) for side in ("inside", "outside")]
 
 
-def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = 600, minutes: Optional[float] = 10.0,
+def bench_adapt(shape=(128, 256, 256), n_scans: int = 4, steps: int = STEPS, minutes: Optional[float] = 10.0,
                 methods=("poreformer", "unet2d", "unet3d"), workdir: Path = Path("runs/adapt"),
                 real: Optional[Path] = None, progress: ProgressFn = None) -> dict:
     """Every scan, method and rung (module docstring); returns ``{"cases", "means", ...}``; with

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ctpore.data.sparse_labels import PORE, UNLABELLED
+from ctpore.pipelines.finetune import STEPS
 from ctpore.progress import ProgressFn
 
 __all__ = ["CHECK_EVERY", "PATIENCE", "CROP", "LR", "tune_network"]
@@ -118,7 +119,7 @@ def _held_mse(model, volumes, held, crop) -> float:
     return sq / max(n, 1)
 
 
-def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, steps: int = 600,
+def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, steps: int = STEPS,
                  minutes: Optional[float] = None, seed: int = 0, lr: float = LR, crop: tuple = CROP,
                  causal_crops: bool = True, progress: ProgressFn = None) -> dict:
     """Fine-tune ``model`` in place on ``train`` (label codes per normalized volume of ``volumes``),
