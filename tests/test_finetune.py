@@ -393,3 +393,34 @@ def test_where_every_candidate_draws_the_same_topology_the_weights_own_rules_sta
     post, tried = refit_on_labels([prob], [labels], Postprocessing(threshold=0.5, confidence=0.97))
     assert len({c["euler_2d_error"] for c in tried["candidates"].values()}) == 1
     assert post.confidence == 0.97 and tried["pores_on"] == "z-refit" and not post.pores_on_raw
+
+
+def test_the_tuning_keeps_the_moving_average_of_the_weights_not_the_last_step():
+    """The live weights follow the optimiser alone, so a tuning with and without the average takes
+    the same step; after one step the average kept is ema * before + (1 - ema) * after."""
+    import torch
+    from helpers import small
+
+    from ctpore.models import PoreFormer
+    from ctpore.pipelines.finetune.tune import tune_network
+
+    rng = np.random.default_rng(0)
+    vol = rng.normal(size=(12, 32, 32)).astype(np.float32)
+    train, held = np.zeros(vol.shape, np.uint8), np.zeros(vol.shape, np.uint8)
+    train[[3, 9]], held[6] = PORE, PORE  # every labelled voxel pore: one step lowers the held-back MSE
+
+    def tuned(ema):
+        torch.manual_seed(0)
+        model = PoreFormer(small())
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        rep = tune_network(model, [vol], [train], [held], steps=1, ema=ema, crop=(8, 32, 32))
+        assert rep["best_step"] == 1  # the step was kept, not the start
+        return before, model.state_dict()
+
+    before, live = tuned(0.0)
+    _before, avg = tuned(0.75)
+    moved = [k for k, v in live.items() if v.is_floating_point() and not torch.equal(v, before[k])]
+    assert moved
+    for k in moved:
+        assert torch.allclose(avg[k], 0.75 * before[k] + 0.25 * live[k], atol=1e-6)
+        assert not torch.allclose(avg[k], live[k])

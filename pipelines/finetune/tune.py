@@ -6,10 +6,12 @@ painted XY slice, an XZ or YZ one, a stroke). Crops get a random in-plane flip a
 network (PoreFormer: a slice's logits depend on the slices before it only) gets crops that end at
 the drawn voxel's slice, so that the slice is trained with the context it has when streamed (a
 crop's slices after it would add nothing to its loss). The
-network is checked on the held-back labels every :data:`CHECK_EVERY` steps, through the same
+optimiser steps the network; what is checked and kept is the exponential moving average of its
+weights (:data:`EMA` a step, about the last 50 steps), a smoother network than any single step
+leaves. It is checked on the held-back labels every :data:`CHECK_EVERY` steps, through the same
 probabilities ``reconstruct`` would give on those crops; tuning stops at ``steps``, at
 ``minutes``, or after :data:`PATIENCE` checks without a better held-back MSE, and the best
-network is kept. Step ``s`` draws from ``np.random.default_rng([seed, s])`` and torch is seeded
+average is kept. Step ``s`` draws from ``np.random.default_rng([seed, s])`` and torch is seeded
 once, so the same seed and labels give the same weights on a CPU.
 """
 
@@ -28,7 +30,7 @@ from ctpore.data.sparse_labels import PORE, UNLABELLED
 from ctpore.pipelines.finetune import STEPS
 from ctpore.progress import ProgressFn
 
-__all__ = ["CHECK_EVERY", "PATIENCE", "CROP", "LR", "tune_network"]
+__all__ = ["CHECK_EVERY", "EMA", "PATIENCE", "CROP", "LR", "tune_network"]
 
 #: Steps between two checks on the held-back labels.
 CHECK_EVERY = 10
@@ -39,6 +41,11 @@ PATIENCE = 4
 #: AdamW's learning rate (one for every method: chosen on scans apart from the benchmark's, where
 #: it lowered every method's error from 1e-4's).
 LR = 3e-4
+
+#: Decay a step of the moving average of the weights that is checked and kept (0: the weights the
+#: last step left). Chosen on fresh development scans apart from the benchmark's: it lowered every
+#: method's 3D Euler error and MSE there (PoreFormer's |χ error| by 31%, the 3D U-Net's by 5%).
+EMA = 0.98
 
 #: The crop (Z, Y, X) a step trains on (clipped to the scan).
 CROP = (16, 64, 64)
@@ -121,10 +128,13 @@ def _held_mse(model, volumes, held, crop) -> float:
 
 def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, steps: int = STEPS,
                  minutes: Optional[float] = None, seed: int = 0, lr: float = LR, crop: tuple = CROP,
-                 causal_crops: bool = True, progress: ProgressFn = None) -> dict:
+                 causal_crops: bool = True, ema: float = EMA, progress: ProgressFn = None) -> dict:
     """Fine-tune ``model`` in place on ``train`` (label codes per normalized volume of ``volumes``),
-    checked on ``held``; leaves the best network in ``model`` and returns ``{"steps", "best_step",
-    "seconds", "history", "stopped"}`` (``stopped``: why it ended)."""
+    checked on ``held``; leaves the best network (the best moving average of its weights, with
+    ``ema`` > 0) in ``model`` and returns ``{"steps", "best_step", "ema", "seconds", "history",
+    "stopped"}`` (``stopped``: why it ended)."""
+    if not 0.0 <= ema < 1.0:
+        raise ValueError(f"the moving average's decay lies in [0, 1), got {ema!r}")
     torch.manual_seed(seed)
     points = [np.argwhere(t != UNLABELLED) for t in train]
     vols = [np.asarray(v, np.float32) for v in volumes]
@@ -135,6 +145,7 @@ def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, st
     best = _held_mse(model, vols, held, crop)
     history = [{"step": 0, "held_mse": best}]
     best_state, best_step, since, stopped = copy.deepcopy(model.state_dict()), 0, 0, "steps"
+    avg = copy.deepcopy(model.state_dict()) if ema > 0 else None
     step = 0
     for step in range(1, steps + 1):
         rng = np.random.default_rng([seed, step])
@@ -146,9 +157,19 @@ def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, st
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if ema > 0:
+            with torch.no_grad():
+                for k, v in model.state_dict().items():
+                    if v.is_floating_point():
+                        avg[k].mul_(ema).add_(v, alpha=1.0 - ema)
+                    else:
+                        avg[k].copy_(v)
         if progress is not None:
             progress(step, steps, "fine-tuning")
         if step % CHECK_EVERY == 0 or step == steps:
+            if ema > 0:
+                live = copy.deepcopy(model.state_dict())
+                model.load_state_dict(avg)
             mse = _held_mse(model, vols, held, crop)
             history.append({"step": step, "loss": loss.item(), "held_mse": mse})
             if mse < best - 1e-6:
@@ -156,6 +177,8 @@ def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, st
                 best_state = copy.deepcopy(model.state_dict())
             else:
                 since += 1
+            if ema > 0:
+                model.load_state_dict(live)
             if since >= PATIENCE:
                 stopped = f"no better held-back MSE in {PATIENCE} checks"
                 break
@@ -164,5 +187,5 @@ def tune_network(model: nn.Module, volumes: list, train: list, held: list, *, st
             break
     model.load_state_dict(best_state)
     model.eval()
-    return {"steps": step, "best_step": best_step, "seconds": round(time.perf_counter() - t0, 1),
+    return {"steps": step, "best_step": best_step, "ema": ema, "seconds": round(time.perf_counter() - t0, 1),
             "history": history, "stopped": stopped}
