@@ -16,6 +16,7 @@ from ctpore.data.sparse_labels import PORE, SOLID, read_sparse_labels
 from ctpore.errors import InputError
 from ctpore.pipelines.finetune.holdout import HOLD_SHARE, held_figures, hold_out
 from ctpore.pipelines.finetune.refit import refit_on_labels
+from ctpore.pipelines.finetune.tune import EMA
 
 SHAPE = (24, 40, 40)  # (Z, Y, X)
 
@@ -210,6 +211,7 @@ def test_a_short_tuning_writes_weights_that_reload_repeat_and_name_themselves(sc
     prov = json.loads(meta["finetune"])
     assert prov["label_counts"][0]["pore"] + prov["label_counts"][0]["solid"] == 3 * SHAPE[1] * SHAPE[2]
     assert prov["steps"] == 3 and set(prov["held_back"]) == {"before", "refit", "after"}
+    assert prov["ema"] == rep["tuning"]["ema"] == EMA
     for run in ("r1", "r2"):
         code, _o, err = run_cli(["reconstruct", scene["scan"], "-o", tmp / run, "--weights", tmp / "a.safetensors"],
                                 capsys)

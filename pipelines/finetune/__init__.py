@@ -158,6 +158,7 @@ def finetune_volumes(vols: list, geoms: list, labs: list, out: PathLike, *, sour
                   "scans": list(sources), "labels": list(label_sources),
                   "label_counts": [label_counts(lab) for lab in labs],
                   "hold_out": [s.how for s in splits], "steps": tuning["steps"], "best_step": tuning.get("best_step"),
+                  "ema": tuning.get("ema"),
                   "stopped": tuning["stopped"], "seconds": round(time.perf_counter() - t0, 1),
                   "held_back": {k: {kk: vv for kk, vv in v.items() if kk != "tried"} for k, v in report.items()}}
     meta = {k: v for k, v in base_meta.items() if k not in ("config", "format")}
