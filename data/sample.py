@@ -55,6 +55,7 @@ import numpy as np
 from ctpore.data.binary import erode_diamond
 from ctpore.data.envelope import Envelope, cylinder_spread_limit, cylinder_stray, fit_envelope, sample_slices
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
+from ctpore.data.layer import LAYER_NOTE, take_pore_free_layer
 from ctpore.data.outline import OUTLINE_STRAY
 from ctpore.data.profiles import PROFILE_PIXELS
 from ctpore.data.wall import THIN_WALL_NOTE
@@ -264,8 +265,8 @@ class SampleFit:
                     f"of {env.sectors} sectors)")
             if env.wall is not None:
                 text += f", inside a container wall {f * env.wall['thickness_mm']:.3g} {unit} thick"
-            thin = env.note(THIN_WALL_NOTE)
-            return text + fov + (f" ({thin})" if thin else "")
+            notes = "; ".join(n for n in (env.note(THIN_WALL_NOTE), env.note(LAYER_NOTE)) if n)
+            return text + fov + (f" ({notes})" if notes else "")
         if kind == "outline":
             return "the outline (convex hull) of the material, slab by slab" + fov
         return ("grey values up to {:g} connected to the slices' border (no shape fits: uncertain)"
@@ -378,6 +379,8 @@ def find_sample(volume, spacing_mm=None, max_slices: Optional[int] = None) -> Sa
             env.kind = "outline"
             env.outline = Outline(env.cylinder, k, lv["air"], lv["air"] + 0.25 * (lv["material"] - lv["air"]),
                                   lv["material"])
+    if env.kind == "cylinder":  # a wall as grey as the material, touching the core: it has no pores
+        take_pore_free_layer(env, slices, valid, grid)
     if env.kind == "outline":  # a block or not, decided once on the fit's slices; what it leaves out
         env.outline = env.outline.judge_block(slices, valid)
         fit.checks["stray"] = env.outline.stray(slices, valid, zs, grid)

@@ -142,6 +142,7 @@ def _settings() -> str:
     from ctpore.data.circle_fit import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, ONE_SIDED_OUTSIDE, ONE_SIDED_SHARE,
                                         RESTART_PHASES)
     from ctpore.data.envelope import MAX_SLICES
+    from ctpore.data.layer import LAYER_SHARE, MAX_DEPTH, MIN_INSIDE, RISE_WIDTH
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
     from ctpore.data.profiles import EMPTY_SHARE, FACE_SPAN_DEG, OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
@@ -161,6 +162,11 @@ def _settings() -> str:
             "a cylinder whose points inside it hold a straight run over "
             f"{FACE_SPAN_DEG:g} degrees or more that stays put along the axis (a flat face), or with more than "
             f"{100 * EMPTY_SHARE:g}% of its sectors empty, is a core sawn or broken along its axis; "
+            "a cylinder without a wall whose layer 1 to 3 pixels under its surface holds under "
+            f"{100 * LAYER_SHARE:g}% of the inside's share of dark voxels (the inside holding "
+            f"{100 * MIN_INSIDE:g}% or more), the share rising to where the core's pores begin within {RISE_WIDTH} "
+            f"pixels and {MAX_DEPTH} pixels deep, has that layer "
+            "as its wall, touching it (a tube about as grey as the core, pressed against it); "
             "otherwise, and for those, each slab's outline is the convex hull of its material, "
             f"or the smallest rectangle around it when the hull fills {100 * BLOCK_FILL:g}% of it in half the fit's "
             "slices, or the hull of their material together does (a block); an outline is uncertain where more than "
