@@ -46,8 +46,10 @@ __all__ = ["INSIDE_DEPTHS", "LAYER_NOTE", "LAYER_SHARE", "MAX_DEPTH", "MIN_INSID
 #: Depths (pixels of the fit's grid under the fitted surface) the inside's share of dark voxels is read at.
 INSIDE_DEPTHS = (12, 40)
 
-#: The inside must hold at least this share of dark voxels for a layer without them to mean anything.
-MIN_INSIDE = 0.05
+#: The inside must hold at least this share of dark voxels for a layer without them to mean anything
+#: (as the check of the outer voxels after the model ran, :class:`~ctpore.data.rim.RimCheck`; tubes
+#: around cores of thin tubes with a share of 0.023 and 0.036 were missed at 0.05).
+MIN_INSIDE = 0.02
 
 #: The layer one to three pixels under the surface is a wall when its dark share is under this share
 #: of the inside's, and of the share in the three pixels past the rise (where the core's pores begin):

