@@ -71,11 +71,12 @@ RISE_WIDTH = 2
 LAYER_NOTE = "a layer without pores at the surface, taken as a container wall"
 
 
-def _profile(slices, valid, zs, cyl, half: float, grid) -> tuple[np.ndarray, np.ndarray]:
-    """(dark voxels, voxels) at each whole-pixel depth under the cylinder's surface."""
+def _profile(slices, valid, zs, cyl, half: float, grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dark voxels, voxels, their grey values summed) at each whole-pixel depth under the cylinder's
+    surface (dark: below ``half`` once smoothed; the grey values as read)."""
     px = min(grid[1], grid[2])
-    dark = np.zeros(INSIDE_DEPTHS[1] + 1, np.int64)
-    total = np.zeros(INSIDE_DEPTHS[1] + 1, np.int64)
+    n = INSIDE_DEPTHS[1] + 1
+    dark, total, grey = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n)
     for sl, ok, z in zip(slices, valid, zs):
         ny, nx = sl.shape
         cy, cx = cyl.centre_at(float(z))
@@ -86,10 +87,10 @@ def _profile(slices, valid, zs, cyl, half: float, grid) -> tuple[np.ndarray, np.
         if ok is not None:
             use &= ok
         b = np.minimum(depth[use].astype(np.int64), INSIDE_DEPTHS[1])
-        g = smooth_masked(sl, ok)[use] < half
-        dark += np.bincount(b, weights=g, minlength=dark.size).astype(np.int64)
-        total += np.bincount(b, minlength=total.size)
-    return dark, total
+        dark += np.bincount(b, weights=smooth_masked(sl, ok)[use] < half, minlength=n).astype(np.int64)
+        total += np.bincount(b, minlength=n)
+        grey += np.bincount(b, weights=sl[use], minlength=n)
+    return dark, total, grey
 
 
 def _rise_width(share: np.ndarray, layer: float, past: float) -> int:
@@ -110,7 +111,7 @@ def pore_free_layer(slices, valid, zs, cyl, levels: dict, grid) -> Optional[tupl
     masks or None), its thickness in mm and its mean grey value; None where there is none (see the
     module docstring). ``levels``: the air's and the material's grey levels."""
     half = 0.5 * (levels["air"] + levels["material"])
-    dark, total = _profile(slices, valid, zs, cyl, half, grid)
+    dark, total, grey = _profile(slices, valid, zs, cyl, half, grid)
     a, b = INSIDE_DEPTHS
     if total[a:b].sum() < 100 or total[1:3].sum() < 100:
         return None
@@ -130,22 +131,9 @@ def pore_free_layer(slices, valid, zs, cyl, levels: dict, grid) -> Optional[tupl
         return None
     if _rise_width(share, layer, float(below.mean())) > RISE_WIDTH:  # a core's own band, thinning out slowly
         return None
-    px = min(grid[1], grid[2])
-    level_bins = slice(1, max(2, int(depth)))
-    mean = None
-    for sl, ok, z in zip(slices, valid, zs):  # the layer's grey level (for the metrics)
-        ny, nx = sl.shape
-        cy, cx = cyl.centre_at(float(z))
-        r = np.hypot(np.arange(ny)[:, None] * grid[1] - cy, np.arange(nx)[None, :] * grid[2] - cx)
-        d = (cyl.radius_mm - r) / px
-        m = (d >= level_bins.start) & (d < level_bins.stop)
-        if ok is not None:
-            m &= ok
-        if m.any():
-            s = np.array([float(sl[m].sum()), float(m.sum())])
-            mean = s if mean is None else mean + s
-    level = float(mean[0] / mean[1]) if mean is not None and mean[1] else float("nan")
-    return float(depth * px), level
+    whole = slice(1, max(2, int(depth)))  # the layer's whole pixels: its grey level, for the metrics
+    level = float(grey[whole].sum() / total[whole].sum()) if total[whole].sum() else float("nan")
+    return float(depth * min(grid[1], grid[2])), level
 
 
 def take_pore_free_layer(env, slices, valid, grid) -> bool:
