@@ -4,9 +4,12 @@ A voxel on the sample's surface is partly air: it looks darker than the material
 method reading grey values takes a rim of them for pore, a thin shell of false pores (hundreds of
 small components, or all the pores open at the surface joined into one). :func:`clear_rim` keeps a
 pore voxel of the surface (a sample voxel within :data:`RIM` voxels of the outside, in its slice)
-only where the pore reaches inwards: where it joins, through pore voxels of the rim, a pore voxel
-deeper than the rim (:data:`RIM` voxels, within the slice). A pore open at the surface keeps its
-mouth; the rim along solid material goes.
+only where the pore reaches inwards: where it joins a pore voxel deeper than the rim (:data:`RIM`
+voxels, within its slice) through at most :data:`RIM` steps between face neighbours in 3D, each on a
+pore voxel of the rim. A pore open at the surface keeps its mouth, and a pore that runs through the
+rim stays whole where it reaches the deeper pore only through the slices above or below; the rim
+along solid material goes. Every join the rule reads lies within :data:`RIM` slices, so a slab read
+with that many slices of halo on each side gives the whole volume's result (:func:`cleared`).
 
 Examples
 --------
@@ -19,18 +22,21 @@ array([0. , 0. , 0. , 0.9, 0. , 0. , 0. ], dtype=float32)
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from scipy import ndimage as ndi
 
 from ctpore.data.sample import SURFACE, WALL
 
-__all__ = ["INSIDE", "RIM", "RIM_SHARE", "SHELL", "RimCheck", "clear_rim"]
+__all__ = ["INSIDE", "RIM", "RIM_SHARE", "SHELL", "RimCheck", "clear_rim", "cleared"]
 
 #: Depth of the rim, in voxels: the partial-volume voxels of the surface, and one more for a surface
 #: found half a voxel out.
 RIM = 3
 
 _CROSS = ndi.generate_binary_structure(2, 1)
+_CROSS3 = ndi.generate_binary_structure(3, 1)
 
 
 def _surface(outside: np.ndarray, wall: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -49,21 +55,34 @@ def clear_rim(prob: np.ndarray, outside: np.ndarray, threshold: float = 0.5) -> 
     voxel supports set to 0 (in place; also returned). ``outside``: bool (True outside the sample,
     all of it across a surface) or the outside's codes (codes 1, air, and 3, a container's wall, are
     across a surface). The slice's edge is not a surface (a cut face), nor is a field of view's cut or
-    a user's mask."""
+    a user's mask. The joins are read within the ``n`` slices given: a slab of a larger volume is
+    cleared as the whole volume is by :func:`cleared`."""
     outside, across = _surface(outside)
     prob[outside] = 0.0
+    if not across.any():
+        return prob
+    deep = np.ones(prob.shape, bool)  # deeper than the rim, within its slice
     for i in range(prob.shape[0]):
-        if not across[i].any():
-            continue
-        inside = ~outside[i]
-        deep = ndi.binary_erosion(~across[i], _CROSS, iterations=RIM, border_value=1)
-        rim = inside & ~deep
-        pore = prob[i] > threshold
-        held = pore & deep
-        for _ in range(RIM):  # pore voxels of the rim joined to a deeper pore, within the rim
-            held |= ndi.binary_dilation(held, _CROSS) & pore & rim
-        prob[i][rim & pore & ~held] = 0.0
+        if across[i].any():
+            deep[i] = ndi.binary_erosion(~across[i], _CROSS, iterations=RIM, border_value=1)
+    pore = prob > threshold
+    rim_pore = pore & ~outside & ~deep
+    held = pore & deep
+    for _ in range(RIM):  # pore voxels of the rim joined to a deeper pore, in 3D
+        held |= ndi.binary_dilation(held, _CROSS3) & rim_pore
+    prob[rim_pore & ~held] = 0.0
     return prob
+
+
+def cleared(read_prob: Callable[[int, int], np.ndarray], read_codes: Callable[[int, int], np.ndarray],
+            a: int, b: int, nz: int, threshold: float = 0.5) -> np.ndarray:
+    """Slices ``a:b`` of a volume of ``nz`` slices with :func:`clear_rim` applied as to the whole
+    volume: read (``read_prob(z0, z1)`` float32, ``read_codes(z0, z1)`` the outside's codes) with
+    :data:`RIM` slices of halo on each side, cleared, and cut back to ``a:b``."""
+    z0, z1 = max(0, a - RIM), min(nz, b + RIM)
+    prob = np.array(read_prob(z0, z1), np.float32)
+    clear_rim(prob, np.asarray(read_codes(z0, z1)), threshold=threshold)
+    return prob[a - z0: b - z0] if (z0, z1) != (a, b) else prob
 
 
 #: Depths (voxels, within the slice) of the shell a found sample's rim is judged by, and of its inside.

@@ -32,7 +32,7 @@ import numpy as np
 
 from ctpore.data.percolation import PoreConnectivity, plane_counts, sample_faces
 from ctpore.data.postprocess import Postprocessing
-from ctpore.data.rim import clear_rim
+from ctpore.data.rim import cleared
 from ctpore.data.slabs import StreamingTopology
 from ctpore.progress import ProgressFn
 
@@ -117,10 +117,10 @@ def threshold_ranges(read_raw: Callable[[int, int], np.ndarray], codes: Optional
         rule = replace(post, threshold=float(t), calibration=None)  # the pores only: no map to calibrate
 
         def read(a, b, t=t):
-            prob = read_raw(a, b)
-            if codes is not None:  # outside: not pore; the surface's rim, judged at this threshold
-                clear_rim(prob, np.asarray(codes(a, b)), threshold=t)
-            return prob
+            if codes is None:
+                return read_raw(a, b)
+            # outside: not pore; the surface's rim, judged at this threshold (read with a halo)
+            return cleared(read_raw, lambda z0, z1: np.asarray(codes(z0, z1)), a, b, shape[0], threshold=t)
 
         topo, conn = StreamingTopology(components=False), PoreConnectivity(shape, faces)
 

@@ -18,7 +18,7 @@ import numpy as np
 from ctpore.data.io import Geometry, Scan
 from ctpore.data.metrics import MSE_OF_BINARY, MSE_OF_PROBABILITY, MetricsAccumulator
 from ctpore.data.normalize import NormalizedVolume, has_contrast, robust_range, warn_no_contrast
-from ctpore.data.rim import RIM, RimCheck, clear_rim
+from ctpore.data.rim import RIM, RimCheck, cleared
 from ctpore.errors import CtporeWarning
 from ctpore.pipelines.budget import plan_run
 from ctpore.pipelines.outputs import run_fields
@@ -136,10 +136,11 @@ def run_reconstruction(
                     raw[a:b, 0:shape[1], 0:shape[2]] = np.zeros((b - a, *shape[1:]), np.float32)
 
             def read(a: int, b: int) -> np.ndarray:
-                prob = sink.read(raw, a, b)
-                if outside is not None:  # outside the sample: certainly not pore; nor the surface's rim
-                    clear_rim(prob, np.asarray(smask.codes[a:b]))
-                return prob
+                if outside is None:
+                    return sink.read(raw, a, b)
+                # outside the sample: certainly not pore; nor the surface's rim (read with a halo)
+                return cleared(lambda z0, z1: sink.read(raw, z0, z1), lambda z0, z1: np.asarray(smask.codes[z0:z1]),
+                               a, b, shape[0])
 
             middle = shape[0] // 2  # the sample picture's slice
 

@@ -22,7 +22,7 @@ from ctpore.data.io import load_scan
 from ctpore.data.metrics import MetricsAccumulator
 from ctpore.data.normalize import NormalizedVolume, count_clipped, has_contrast
 from ctpore.data.postprocess import Postprocessing
-from ctpore.data.rim import RimCheck, clear_rim
+from ctpore.data.rim import RimCheck, cleared
 from ctpore.pipelines.sample_mask import CODE_SLABS, SampleMask, solid_level
 
 __all__ = ["SplitPlan", "predict_slab", "read_raw", "slab_predictor", "write_slab"]
@@ -198,13 +198,22 @@ def _read(plan: SplitPlan, kind: str, a: int, b: int) -> np.ndarray:
                        offset=(a - za) * ny * nx * np.dtype(dtype).itemsize).reshape(b - a, ny, nx)
 
 
+def _span(plan: SplitPlan, kind: str, a: int, b: int) -> np.ndarray:
+    """Slices ``a:b`` of ``kind``, read from every slab they reach."""
+    parts = []
+    while a < b:
+        zb = plan.slab_of(a)[1]
+        parts.append(_read(plan, kind, a, min(b, zb)))
+        a = min(b, zb)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
 def read_raw(plan: SplitPlan, a: int, b: int) -> np.ndarray:
     """Raw probabilities of slices ``a:b`` (within one slab), the outside and the surface's rim
-    cleared as the single run clears them."""
-    prob = _read(plan, "raw", a, b).copy()
-    if plan.fit is not None:
-        clear_rim(prob, _read(plan, "codes", a, b))
-    return prob
+    cleared as the single run clears them (the rim read with a halo from the slabs beside)."""
+    if plan.fit is None:
+        return _read(plan, "raw", a, b).copy()
+    return cleared(functools.partial(_span, plan, "raw"), functools.partial(_span, plan, "codes"), a, b, plan.shape[0])
 
 
 def write_slab(plan: SplitPlan, a: int, b: int, pores: np.ndarray, prob: np.ndarray) -> dict:

@@ -254,6 +254,45 @@ def test_the_partial_volume_rim_is_not_pore_but_a_pore_open_at_the_surface_is():
     assert not out[:, :4].any()  # the outside
 
 
+def test_a_pore_running_through_the_rim_stays_whole_and_a_slab_is_cleared_as_the_whole_volume():
+    """clear_rim joins a rim voxel to a deeper pore in 3D, within RIM steps: a pore that reaches its
+    mouth only through the slice below stays (a slice alone would cut it off), one step farther it
+    goes; and :func:`cleared` gives every slab, with its halo, the whole volume's result (a slab
+    cleared without one does not)."""
+    from ctpore.data.rim import RIM, clear_rim, cleared
+
+    outside = np.zeros((9, 20, 20), bool)
+    outside[:, :, :4] = True
+    prob = np.zeros((9, 20, 20), np.float32)
+    prob[4, 10, 4:13] = 0.9  # a pore open at the surface in slice 4, its deep part from x = 4 + RIM
+    prob[5, 10, 4 + RIM - 2] = 0.9  # above its mouth, within the rim: RIM steps from the deep part
+    prob[5:7, 14, 4] = 0.9  # rim voxels above and below each other, joined to no deeper pore
+    out = clear_rim(prob.copy(), outside)
+    assert out[4, 10, 4:13].min() == pytest.approx(0.9)
+    assert out[5, 10, 4 + RIM - 2] == pytest.approx(0.9)
+    assert not out[5:7, 14, 4].any()
+    far = prob.copy()
+    far[5, 10, 4 + RIM - 2] = 0.0
+    far[5, 10, 4] = 0.9  # RIM + 1 steps from the deep part, through the mouth: cut off
+    assert clear_rim(far, outside)[5, 10, 4] == 0.0
+
+    rng = np.random.default_rng(3)
+    prob = (rng.random((17, 24, 24)) < 0.45).astype(np.float32) * 0.9
+    yy, xx = np.mgrid[:24, :24]
+    codes = np.zeros((17, 24, 24), np.uint8)
+    codes[:, (yy - 12) ** 2 + (xx - 11) ** 2 > 81] = 1
+    codes[3:6, :, 20:] = 3  # a wall touching the sample in a few slices
+    codes[9:11, :, :2] = 2  # a cut
+    whole = clear_rim(prob.copy(), codes)
+    for step in (1, 2, 5, 17):
+        slabs = [(a, min(17, a + step)) for a in range(0, 17, step)]
+        joined = np.concatenate([cleared(lambda z0, z1: prob[z0:z1], lambda z0, z1: codes[z0:z1], a, b, 17)
+                                 for a, b in slabs])
+        assert np.array_equal(joined, whole)
+    naive = np.concatenate([clear_rim(prob[a:a + 2].copy(), codes[a:a + 2]) for a in range(0, 17, 2)])
+    assert not np.array_equal(naive, whole)
+
+
 def test_the_simulator_renders_a_scene_and_its_true_sample_without_moving_a_plain_scan():
     """A scene's scan has the same structure and scanner as the plain pair (the scene draws from its
     own stream; that no plain seed's scan moved is tests/test_synthetic_pins.py's); its true sample

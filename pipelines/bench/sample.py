@@ -174,8 +174,9 @@ def _settings() -> str:
             "each read slice's own "
             "outline is material, and is no outside at all where it is uncertain and its surface points are fewer "
             f"than {100 * EDGE_PORES:g}% of its sectors (pores open at the slice's edge of a scan with no outside). "
-            f"A pore voxel within {RIM} voxels of the surface counts only where it joins a pore deeper in. A tilt of "
-            "the core's axis is kept where the surface points spread less about it than about a straight axis. The rim "
+            f"A pore voxel within {RIM} voxels of the surface counts only where it joins a pore deeper in, "
+            f"within {RIM} steps in 3D. A tilt of the core's axis is kept where the surface points spread less about "
+            "it than about a straight axis. The rim "
             f"check compares the porosity {SHELL[0]} to {SHELL[1]} voxels under the surface, and in the outer {RIM}, "
             "with the inside's.")
 
