@@ -54,6 +54,7 @@ from ctpore.data.circle_fit import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, ONE_SI
 from ctpore.data.outline import Outline
 from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, fit_circle, otsu,
                                   pooled, sawn, smooth_masked, surface_points)
+from ctpore.data.layer import POROUS_WALL_NOTE, wall_has_pores
 from ctpore.data.wall import fit_wall, inner_points
 
 __all__ = ["CYLINDER_SPREAD", "CYLINDER_SPREAD_REL", "MAX_SLICES", "Cylinder", "Envelope",
@@ -234,6 +235,9 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
     # a wall is a tube: looked for only when the outermost surface is a cylinder
     wall_prof = SectorProfiles(slices, valid, zs, spacing, fitted, min(n_sectors, 32), r_max) if cylinder_like else None
     wall = fit_wall(wall_prof, fitted, air, env.notes) if cylinder_like else None
+    if wall is not None and wall_has_pores(wall, slices, valid, zs, spacing, air):  # the sample's own material
+        env.notes.append(POROUS_WALL_NOTE)
+        wall = None
     if wall is not None:
         r_in = wall["r_in"]
         inner_material = material  # the sample's bright phase, not the wall's

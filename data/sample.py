@@ -55,7 +55,7 @@ import numpy as np
 from ctpore.data.binary import erode_diamond
 from ctpore.data.envelope import Envelope, cylinder_spread_limit, cylinder_stray, fit_envelope, sample_slices
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
-from ctpore.data.layer import LAYER_NOTE, take_pore_free_layer
+from ctpore.data.layer import LAYER_NOTE, POROUS_WALL_NOTE, take_pore_free_layer
 from ctpore.data.outline import OUTLINE_STRAY
 from ctpore.data.profiles import PROFILE_PIXELS
 from ctpore.data.wall import THIN_WALL_NOTE
@@ -265,10 +265,11 @@ class SampleFit:
                     f"of {env.sectors} sectors)")
             if env.wall is not None:
                 text += f", inside a container wall {f * env.wall['thickness_mm']:.3g} {unit} thick"
-            notes = "; ".join(n for n in (env.note(THIN_WALL_NOTE), env.note(LAYER_NOTE)) if n)
+            notes = "; ".join(n for n in map(env.note, (THIN_WALL_NOTE, LAYER_NOTE, POROUS_WALL_NOTE)) if n)
             return text + fov + (f" ({notes})" if notes else "")
         if kind == "outline":
-            return "the outline (convex hull) of the material, slab by slab" + fov
+            porous = env.note(POROUS_WALL_NOTE)
+            return "the outline (convex hull) of the material, slab by slab" + fov + (f" ({porous})" if porous else "")
         return ("grey values up to {:g} connected to the slices' border (no shape fits: uncertain)"
                 .format(self.dark.upper))
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import ndimage as ndi
 
-from ctpore.data.layer import pore_free_layer, take_pore_free_layer
+from ctpore.data.layer import pore_free_layer, take_pore_free_layer, wall_has_pores
 from ctpore.data.profiles import Cylinder
 
 N, R = 128, 52.0  # slice size and the outer surface's radius (pixels)
@@ -92,3 +92,40 @@ def test_the_layer_becomes_the_wall_and_the_sample_the_cylinder_within_it():
     assert env.wall["thickness_mm"] == pytest.approx(R - env.cylinder.radius_mm)
     assert env.note("a layer without pores at the surface") is not None
     assert not take_pore_free_layer(env, scan(5.0), [None] * 8, GRID)  # a wall is there now
+
+
+def _ring_slices(level: float, noise: float, pores: bool, seed: int = 1):
+    """6 slices of a ring 8 pixels thick of grey ``level`` (air 0, a core of 1 inside it); ``pores``:
+    with pores 7 pixels across, as dark as the air, in about a fifth to a third of it. Blurred by a
+    pixel, with noise."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.indices((N, N))
+    r = np.hypot(yy - (N - 1) / 2, xx - (N - 1) / 2)
+    out = []
+    for _ in range(6):
+        holes = np.zeros((N, N), bool)
+        if pores:
+            holes = ndi.binary_dilation(rng.random((N, N)) < 0.006, np.ones((3, 3), bool), iterations=3)
+        sl = np.where((r > R - 8) & (r <= R) & ~holes, level, np.where(r < R - 8, 1.0, 0.0))
+        out.append((ndi.gaussian_filter(sl, 1.0) + rng.normal(0, noise, sl.shape)).astype(np.float32))
+    return out
+
+
+RING = {"outer": Cylinder(((N - 1) / 2, (N - 1) / 2), (0.0, 0.0), R, 0.0), "r_out": R, "r_in": R - 8}
+
+
+@pytest.mark.parametrize("level, noise", [(0.9, 0.08), (0.45, 0.08), (0.45, 0.25), (1.6, 0.3)])
+def test_a_uniform_wall_holds_no_pores(level, noise):
+    """wall_has_pores: a uniform ring, bright or grey, at any noise, holds none (its dark voxels are
+    the ones its own scatter puts below halfway from the air)."""
+    for seed in (1, 2, 3):
+        assert not wall_has_pores(RING, _ring_slices(level, noise, False, seed), [None] * 6, range(6), GRID, 0.0)
+
+
+@pytest.mark.parametrize("level, noise", [(0.9, 0.08), (0.45, 0.08), (1.6, 0.3)])
+def test_a_layer_with_pores_as_dark_as_the_air_is_no_wall(level, noise):
+    """wall_has_pores: the same rings with pores as dark as the air (a grain pack's outer part taken for
+    a wall) hold them. (A grey ring whose halfway to the air lies within about two of its scatters, 0.45
+    at a noise of 0.25 here, is not told apart so: its pores widen its scatter as much as they darken it.)"""
+    for seed in (1, 2, 3):
+        assert wall_has_pores(RING, _ring_slices(level, noise, True, seed), [None] * 6, range(6), GRID, 0.0)

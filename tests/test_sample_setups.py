@@ -390,6 +390,22 @@ def test_a_tube_pressed_against_the_core_leaves_the_porosity_as_with_the_true_ma
     assert found.metrics["sample"]["confident"] and not found.metrics["sample"]["rim_check"]["differs"]
 
 
+def test_a_grain_pack_wider_than_the_field_of_view_gets_no_wall_of_its_own_grains():
+    """Development scene 2626244: a grain pack cut by the field of view, air only in the slice's
+    corners, its pores as dark as that air. Its outer part was fitted as a container wall 0.22 mm
+    thick around a cylinder through its pores (IoU 0.62). A wall is uniform; that one held pores (a
+    dark share of 0.28 where its scatter explains 0.06): it is no wall, and the sample is the
+    material's outline."""
+    from ctpore.data.layer import POROUS_WALL_NOTE
+    from ctpore.data.sample import find_sample
+
+    scan, _truth, true_sample, scene = scene_scan("core-wider-than-fov", 2626244)
+    fit = find_sample(scan, scene.spacing_mm)
+    assert fit.envelope.wall is None and POROUS_WALL_NOTE in fit.describe(), fit.describe()
+    inside = fit.outside(scan.astype(np.float32), 0)[0] == 0 if fit.has_outside else np.ones(scan.shape, bool)
+    assert (inside & true_sample).sum() / (inside | true_sample).sum() >= 0.99
+
+
 def test_a_block_whose_corners_pores_cut_in_turn_is_still_a_block():
     """A turned block whose corners large pores cut, each slice's hull an octagon that fills less of
     its smallest rectangle than a block's outline (development scene 2607102: the hulls of 10 of the

@@ -142,7 +142,7 @@ def _settings() -> str:
     from ctpore.data.circle_fit import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, ONE_SIDED_OUTSIDE, ONE_SIDED_SHARE,
                                         RESTART_PHASES)
     from ctpore.data.envelope import MAX_SLICES
-    from ctpore.data.layer import LAYER_SHARE, MAX_DEPTH, MIN_INSIDE, RISE_WIDTH
+    from ctpore.data.layer import LAYER_SHARE, MAX_DEPTH, MIN_INSIDE, POROUS_WALL, RISE_WIDTH
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
     from ctpore.data.profiles import EMPTY_SHARE, FACE_SPAN_DEG, OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
@@ -158,7 +158,9 @@ def _settings() -> str:
             "outside it (pores open at the surface); a core inside a wall is restarted so too where its points "
             f"spread more than that or more than {100 * ONE_SIDED_OUTSIDE:g}% of them lie outside it by more than "
             "that; where every sector's outermost rise is a thin bright line in the air (ring artefacts), the fit "
-            "looks past such lines, kept where it then sees the surface in half the sectors; "
+            "looks past such lines, kept where it then sees the surface in half the sectors; a wall whose voxels "
+            f"below halfway from the air to its level are more than {POROUS_WALL[0]:g} times the share its scatter "
+            f"puts there plus {POROUS_WALL[1]:g} holds pores and is none; "
             "a cylinder whose points inside it hold a straight run over "
             f"{FACE_SPAN_DEG:g} degrees or more that stays put along the axis (a flat face), or with more than "
             f"{100 * EMPTY_SHARE:g}% of its sectors empty, is a core sawn or broken along its axis; "
