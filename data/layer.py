@@ -1,4 +1,6 @@
-"""A layer without pores at a core's surface: a container wall as grey as the material, touching it.
+"""Layers judged by their pores: a layer without pores at a core's surface is a container wall as
+grey as the material, touching it; a layer fitted as a wall that holds pores is no wall
+(:func:`wall_has_pores`: more of its voxels dark than its own scatter explains).
 
 A tube wall about as grey as the sample's material, pressed against the core, shows no rise of its
 own in the sector profiles: the cylinder is fitted to the wall's outer surface and the wall is
