@@ -178,10 +178,8 @@ def wall_has_pores(wall: dict, slices, valid, zs, grid, air: float) -> bool:
     outer, px = wall["outer"], min(grid[1], grid[2])
     values = []
     for sl, ok, z in zip(slices, valid, zs):
-        ny, nx = sl.shape
-        cy, cx = outer.centre_at(float(z))
-        r = np.hypot(np.arange(ny)[:, None] * grid[1] - cy, np.arange(nx)[None, :] * grid[2] - cx)
-        m = (r > wall["r_in"] + px) & (r < wall["r_out"] - px)
+        m = (outer.inside(float(z), sl.shape, grid[1:], shrink_mm=outer.radius_mm - wall["r_out"] + px)
+             & ~outer.inside(float(z), sl.shape, grid[1:], shrink_mm=outer.radius_mm - wall["r_in"] - px))
         if ok is not None:
             m &= ok
         if m.any():
