@@ -29,10 +29,10 @@ fitted to those points, robustly, in mm (an anisotropic voxel is no trouble):
    then spreads as little as a cylinder may (:mod:`ctpore.data.circle_fit`). The core inside a wall
    is restarted so too where its points spread that much or more than
    :data:`~ctpore.data.circle_fit.ONE_SIDED_OUTSIDE` of them lie outside it by more than that. A
-   block or a prism still fits badly, and a core sawn or broken along its axis shows a flat face
-   (surface points inside the circle on a line that stays put along the axis) or sectors with no
-   material: its outline is taken instead (:class:`~ctpore.data.outline.Outline`: slab by slab, the
-   convex hull of the material, or the rectangle of a block).
+   block or a prism still fits badly, and a core sawn or broken along its axis leaves air beyond its
+   face, a segment of the circle with a straight edge (:mod:`ctpore.data.face`): its outline is taken
+   instead (:class:`~ctpore.data.outline.Outline`: slab by slab, the convex hull of the material, or
+   the rectangle of a block).
 
 Sectors whose profile never reaches air (the sample cut by the edge of the slice or by a circular
 field of view) give no surface point: a core wider than the field of view keeps its cut faces. A
@@ -53,8 +53,9 @@ from ctpore.data.circle_fit import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, ONE_SI
                                    cylinder_spread_limit, restart, robust_spread)
 from ctpore.data.layer import POROUS_WALL_NOTE, wall_has_pores
 from ctpore.data.outline import Outline
+from ctpore.data.face import sawn
 from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, fit_circle, otsu,
-                                  pooled, sawn, smooth_masked, surface_points)
+                                  pooled, smooth_masked, surface_points)
 from ctpore.data.wall import fit_wall, inner_points
 
 __all__ = ["CYLINDER_SPREAD", "CYLINDER_SPREAD_REL", "MAX_SLICES", "Cylinder", "Envelope",

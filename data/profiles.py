@@ -18,9 +18,8 @@ from typing import Optional
 import numpy as np
 from scipy import ndimage as ndi
 
-__all__ = ["BIN", "EMPTY_SHARE", "FACE_SPAN_DEG", "PROFILE_PIXELS", "Cylinder", "SectorProfiles", "consensus_circle",
-           "empty_share", "fit_circle", "flat_face", "otsu", "outer_edge", "pooled", "sawn", "smooth_masked",
-           "straight_run", "surface_points"]
+__all__ = ["BIN", "PROFILE_PIXELS", "Cylinder", "SectorProfiles", "consensus_circle", "fit_circle", "otsu",
+           "outer_edge", "pooled", "smooth_masked", "surface_points"]
 
 #: Profiles read about this many pixels of each slice (a grid of every n-th pixel of a larger one).
 PROFILE_PIXELS = 512 * 512
@@ -262,107 +261,6 @@ def consensus_circle(points: np.ndarray, tol: float, max_triples: int = 4000) ->
     if count[best] < 6:
         return None
     return float(cy[best]), float(cx[best]), float(r[best])
-
-
-#: A run of surface points inside a circle that spans at least this many degrees about its centre,
-#: lies on a straight line, reaches some depths deeper than others and stays put along the axis is a
-#: flat face (a core sawn or broken along its axis), not pores. (A chord of 40 degrees lies 6% of the
-#: radius inside the circle at its middle.)
-FACE_SPAN_DEG = 40.0
-
-#: A cylinder with more than this share of its sectors empty (no material from the axis to 3 voxels
-#: short of its surface) is no cylinder: a core sawn in half along its axis shows its round side only.
-EMPTY_SHARE = 0.1
-
-
-def straight_run(points: np.ndarray, depth: np.ndarray, centre: tuple[float, float], gap: float,
-                 tol: float) -> Optional[np.ndarray]:
-    """The indices of a run of the surface ``points`` (y, x) deeper than ``tol`` inside a circle about
-    ``centre`` (``depth``: inside it, > 0) that may be a flat face, or None: in the order of their
-    angle (neighbours at most ``gap`` radians apart), spanning :data:`FACE_SPAN_DEG` or more, their
-    distances to their own best line of RMS at most ``tol``, and their depths differing by ``2 * tol``
-    or more (a band at one depth is a circle fitted a little off). The far wall of a pore open at the
-    surface can be as straight; it changes along the axis, a face does not."""
-    depth = np.asarray(depth, float)
-    inward = np.flatnonzero(depth > tol)
-    if len(inward) < 3:
-        return None
-    ang = np.arctan2(points[inward, 0] - centre[0], points[inward, 1] - centre[1])
-    order = np.argsort(ang)
-    a, idx = ang[order], inward[order]
-    n = len(a)
-    ends = np.flatnonzero(np.diff(np.concatenate([a, [a[0] + 2 * np.pi]])) > gap)  # a run ends after each
-    runs = [np.arange(n)] if not ends.size else []  # no gap: all round, one run
-    for e0, e1 in zip(ends, np.roll(ends, -1)):
-        runs.append((e0 + 1 + np.arange((e1 - e0 - 1) % n + 1)) % n)
-    for run in runs:
-        span = (a[run[-1]] - a[run[0]]) % (2 * np.pi)
-        if len(run) < 3 or math.degrees(span) < FACE_SPAN_DEG or np.ptp(depth[idx[run]]) < 2 * tol:
-            continue
-        q = points[idx[run]]
-        if float(np.linalg.svd(q - q.mean(axis=0), compute_uv=False)[-1]) / math.sqrt(len(run)) <= tol:
-            return idx[run]
-    return None
-
-
-def flat_face(slices, valid, zs, spacing, c: Cylinder, prof: SectorProfiles, r_max: float, points_fn,
-              tol: float) -> bool:
-    """Whether the surface points inside ``c`` (``prof``'s, deeper than ``tol``: the most a cylinder's
-    surface points may spread) hold a flat face along the axis (a core sawn in half, or broken),
-    which a robust fit leaves out as it leaves out pores open at the surface: a straight run of them
-    (:func:`straight_run`) that stays where it is in four groups of the slices (each group showing
-    half the run's points or more over all, three in four of them within ``2 * tol``; a pore's far
-    wall moves along the axis). With fewer than 8 slices that cannot be judged: no face.
-    ``points_fn(prof, c)`` gives the surface points and their sectors."""
-    if len(zs) < 8:
-        return False
-    cy, cx = c.centre_at(c.z_ref)
-
-    def depths(q):
-        pts, ks = points_fn(q, c)
-        return pts, ks, c.radius_mm - np.hypot(pts[:, 0] - cy, pts[:, 1] - cx)
-
-    pts, ks, d = depths(prof)
-    run = straight_run(pts, d, (cy, cx), 2.01 * 2 * np.pi / prof.n_sectors, tol)  # (a sector may lack a point)
-    if run is None:
-        return False
-    moved = []  # how far each point of the run moves in each group, where the group shows it
-    for g in np.array_split(np.arange(len(zs)), 4):
-        q = SectorProfiles([slices[i] for i in g], [valid[i] for i in g], [zs[i] for i in g], spacing, c,
-                           prof.n_sectors, r_max, prof.phase)
-        _, gk, gd = depths(q)
-        at = dict(zip(gk.tolist(), gd.tolist()))
-        moved += [abs(at[k] - dk) for k, dk in zip(ks[run].tolist(), d[run].tolist()) if k in at]
-    return len(moved) >= 2 * len(run) and float(np.percentile(moved, 75)) <= 2 * tol
-
-
-def empty_share(prof: SectorProfiles, c: Cylinder, rise: float, px: float) -> float:
-    """The share of sectors whose profile stays below ``rise`` from the axis to 3 voxels (``px``)
-    short of ``c``'s surface: no material there (half of a core sawn in half), where pores, averaged
-    over a sector and the slices read, never darken a whole ray."""
-    within = prof.radius(np.arange(prof.nb)) < c.radius_mm - 3 * px
-    empty = 0
-    for k in range(prof.n_sectors):
-        ok = within & prof.covered[k] & np.isfinite(prof.mean[k])
-        empty += int(ok.sum() >= 3 and bool(np.all(prof.mean[k, ok] < rise)))
-    return empty / max(prof.n_sectors, 1)
-
-
-def sawn(slices, valid, zs, spacing, c: Cylinder, n_sectors: int, r_max: float, points_fn, rise: float,
-         tol: float) -> bool:
-    """Whether a cylinder ``c`` fitted to a core's round side is a core sawn or broken along its axis:
-    more than :data:`EMPTY_SHARE` of the sectors (of profiles about ``c``) empty below ``rise``
-    (:func:`empty_share`), or a flat face (:func:`flat_face`; looked for only where ``c`` lies within
-    the slice: the slice's edge is a straight line that stays put too)."""
-    px = min(spacing[1], spacing[2])
-    prof = SectorProfiles(slices, valid, zs, spacing, c, n_sectors, r_max)
-    if empty_share(prof, c, rise, px) > EMPTY_SHARE:
-        return True
-    (cy, cx), r = c.centre_at(c.z_ref), c.radius_mm
-    ny, nx = slices[0].shape
-    if min(cy, cx) < r or cy + r > (ny - 1) * spacing[1] or cx + r > (nx - 1) * spacing[2]:
-        return False
-    return flat_face(slices, valid, zs, spacing, c, prof, r_max, points_fn, tol)
 
 
 def surface_points(prof: SectorProfiles, cyl: Cylinder, z_ref: float, air: float, rise: float, step_vox: float,

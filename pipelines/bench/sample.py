@@ -144,7 +144,8 @@ def _settings() -> str:
     from ctpore.data.envelope import MAX_SLICES
     from ctpore.data.layer import LAYER_SHARE, MAX_DEPTH, MIN_INSIDE, POROUS_WALL, RISE_WIDTH
     from ctpore.data.outline import BLOCK_FILL, OUTLINE_STRAY, STRAY_BAND
-    from ctpore.data.profiles import EMPTY_SHARE, FACE_SPAN_DEG, OUTSIDE_WEIGHT
+    from ctpore.data.face import FACE_SPAN_DEG, SEGMENT_IOU
+    from ctpore.data.profiles import OUTSIDE_WEIGHT
     from ctpore.data.rim import RIM, SHELL
     from ctpore.data.sample import EDGE_PORES
 
@@ -161,9 +162,10 @@ def _settings() -> str:
             "looks past such lines, kept where it then sees the surface in half the sectors; a wall whose voxels "
             f"below halfway from the air to its level are more than {POROUS_WALL[0]:g} times the share its scatter "
             f"puts there plus {POROUS_WALL[1]:g} holds pores and is none; "
-            "a cylinder whose points inside it hold a straight run over "
-            f"{FACE_SPAN_DEG:g} degrees or more that stays put along the axis (a flat face), or with more than "
-            f"{100 * EMPTY_SHARE:g}% of its sectors empty, is a core sawn or broken along its axis; "
+            "a cylinder with a region of air open at its surface (on the mean of the fit's slices) that is "
+            f"the segment a straight line cuts off it to an IoU of {SEGMENT_IOU:g} or more, the line spanning "
+            f"{FACE_SPAN_DEG:g} degrees or more, or whose points inside it hold such a straight run that stays put "
+            "along the axis (a flat face), is a core sawn or broken along its axis; "
             "a cylinder without a wall whose layer 1 to 3 pixels under its surface holds under "
             f"{100 * LAYER_SHARE:g}% of the inside's share of dark voxels (the inside holding "
             f"{100 * MIN_INSIDE:g}% or more), the share rising to where the core's pores begin within {RISE_WIDTH} "
