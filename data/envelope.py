@@ -51,9 +51,9 @@ import numpy as np
 
 from ctpore.data.circle_fit import (CYLINDER_SPREAD, CYLINDER_SPREAD_REL, ONE_SIDED_OUTSIDE, circle_rounds, cut_sectors,
                                    cylinder_spread_limit, restart, robust_spread)
+from ctpore.data.face import sawn
 from ctpore.data.layer import POROUS_WALL_NOTE, wall_has_pores
 from ctpore.data.outline import Outline
-from ctpore.data.face import sawn
 from ctpore.data.profiles import (BIN, PROFILE_PIXELS, Cylinder, SectorProfiles, fit_circle, otsu,
                                   pooled, smooth_masked, surface_points)
 from ctpore.data.wall import fit_wall, inner_points

@@ -26,10 +26,10 @@ from ctpore.data.profiles import PROFILE_PIXELS, Cylinder, SectorProfiles, smoot
 __all__ = ["FACE_SHRINK", "FACE_SPAN_DEG", "SEGMENT_IOU", "air_face", "flat_face", "sawn", "straight_run"]
 
 
-#: A run of surface points inside a circle that spans at least this many degrees about its centre,
-#: lies on a straight line, reaches some depths deeper than others and stays put along the axis is a
-#: flat face (a core sawn or broken along its axis), not pores. (A chord of 40 degrees lies 6% of the
-#: radius inside the circle at its middle.)
+#: A face spans at least this many degrees about the circle's centre: the boundary of the air beyond it
+#: (:func:`air_face`), or a run of surface points inside the circle on a straight line that reaches some
+#: depths deeper than others and stays put along the axis (:func:`flat_face`). (A chord of 40 degrees
+#: lies 6% of the radius inside the circle at its middle.)
 FACE_SPAN_DEG = 40.0
 
 #: The air region is its segment of the circle (the pixels beyond its boundary's best line) to at
@@ -41,10 +41,10 @@ SEGMENT_IOU = 0.9
 FACE_SHRINK = 3
 
 
-def _mean_inside(slices, valid, zs, spacing, c: Cylinder) -> tuple[np.ndarray, np.ndarray, int, tuple]:
-    """The read slices' mean (each smoothed by a pixel) on a grid of every ``stride``-th pixel, where
-    every slice has it valid and inside ``c`` less :data:`FACE_SHRINK` voxels; that mask; the stride;
-    the grid's spacing (mm)."""
+def _mean_inside(slices, valid, zs, spacing, c: Cylinder) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """The read slices' mean (each smoothed by a pixel) on a grid of every n-th pixel of a large slice
+    (as the profiles read it), where every slice has it valid and inside ``c`` less
+    :data:`FACE_SHRINK` voxels; that mask; the grid's spacing (mm)."""
     stride = max(1, int(round(math.sqrt(slices[0].size / PROFILE_PIXELS))))
     sp = (spacing[1] * stride, spacing[2] * stride)
     shrink = FACE_SHRINK * min(spacing[1], spacing[2])
@@ -60,7 +60,7 @@ def _mean_inside(slices, valid, zs, spacing, c: Cylinder) -> tuple[np.ndarray, n
         acc += np.where(m, g, 0.0)
         cnt += m
     inner = cnt == len(slices)
-    return np.where(inner, acc / np.maximum(cnt, 1), np.inf), inner, stride, sp
+    return np.where(inner, acc / np.maximum(cnt, 1), np.inf), inner, sp
 
 
 def air_face(slices, valid, zs, spacing, c: Cylinder, rise: float, tol: float) -> Optional[dict]:
@@ -77,7 +77,7 @@ def air_face(slices, valid, zs, spacing, c: Cylinder, rise: float, tol: float) -
     Returns the region's share of the circle, the face's span (degrees) and the IoU."""
     if not slices:
         return None
-    mean, inner, _, sp = _mean_inside(slices, valid, zs, spacing, c)
+    mean, inner, sp = _mean_inside(slices, valid, zs, spacing, c)
     if not inner.any():
         return None
     air = inner & (mean < rise)
