@@ -273,9 +273,11 @@ def _fit(slices, zs, spacing_mm, valid) -> Envelope:
             env.points, env.sectors = int(held[0]), int(held[1])
     env.spread_vox = robust_spread(res) / px if res.size else float("nan")
     limit = cylinder_spread_limit(fitted.radius_mm, px)
-    face = env.wall is None and cylinder_like and sawn(  # a core sawn or broken along its axis
-        slices, valid, zs, spacing, fitted, n_sectors, r_max, outer, rise, limit * px)
-    if env.wall is None and (face or not env.spread_vox <= limit):
+    face = sawn(slices, valid, zs, spacing, fitted, n_sectors, r_max, outer, rise, limit * px) if (
+        env.wall is None and cylinder_like) else None  # a core sawn or broken along its axis
+    if face is not None:
+        env.notes.append(face)
+    if env.wall is None and (face is not None or not env.spread_vox <= limit):
         # not a cylinder: the outline of each slab (a block, a prism)
         k = int(np.clip(2 * np.pi * fitted.radius_mm / (4.0 * px), 64, 360))
         env.kind = "outline"

@@ -23,7 +23,7 @@ from scipy import ndimage as ndi
 
 from ctpore.data.profiles import PROFILE_PIXELS, Cylinder, SectorProfiles, smooth_masked
 
-__all__ = ["FACE_SHRINK", "FACE_SPAN_DEG", "SEGMENT_IOU", "air_face", "flat_face", "sawn", "straight_run"]
+__all__ = ["FACE_NOTE", "FACE_SHRINK", "FACE_SPAN_DEG", "SEGMENT_IOU", "air_face", "flat_face", "sawn", "straight_run"]
 
 
 #: A face spans at least this many degrees about the circle's centre: the boundary of the air beyond it
@@ -36,6 +36,9 @@ FACE_SPAN_DEG = 40.0
 #: least this IoU. On synthetic development cores, sawn or broken ones whose face was straight gave 0.86
 #: to 1.0 (pores open on the face lower it), vesicles and vugs open at the surface 0.83 at most.
 SEGMENT_IOU = 0.9
+
+#: How the fit's note begins when a cylinder was a core sawn or broken along its axis (``describe`` says it).
+FACE_NOTE = "a core sawn or broken along its axis, its round side a cylinder"
 
 #: Voxels kept off the fitted circle: its blurred surface is neither air nor material.
 FACE_SHRINK = 3
@@ -180,16 +183,21 @@ def flat_face(slices, valid, zs, spacing, c: Cylinder, prof: SectorProfiles, r_m
 
 
 def sawn(slices, valid, zs, spacing, c: Cylinder, n_sectors: int, r_max: float, points_fn, rise: float,
-         tol: float) -> bool:
+         tol: float) -> Optional[str]:
     """Whether a cylinder ``c`` fitted to a core's round side is a core sawn or broken along its axis:
     the air beyond a face (:func:`air_face`), or a flat face among the surface points
     (:func:`flat_face`; looked for only where ``c`` lies within the slice: the slice's edge is a
-    straight line that stays put too)."""
-    if air_face(slices, valid, zs, spacing, c, rise, tol) is not None:
-        return True
+    straight line that stays put too). Returns what was seen, in words (:data:`FACE_NOTE` first), or
+    None."""
+    air = air_face(slices, valid, zs, spacing, c, rise, tol)
+    if air is not None:
+        return (f"{FACE_NOTE}: air beyond a straight face over {air['span_deg']:.0f} degrees, "
+                f"{100 * air['share']:.0f}% of the circle")
     (cy, cx), r = c.centre_at(c.z_ref), c.radius_mm
     ny, nx = slices[0].shape
     if min(cy, cx) < r or cy + r > (ny - 1) * spacing[1] or cx + r > (nx - 1) * spacing[2]:
-        return False
+        return None
     prof = SectorProfiles(slices, valid, zs, spacing, c, n_sectors, r_max)
-    return flat_face(slices, valid, zs, spacing, c, prof, r_max, points_fn, tol)
+    if flat_face(slices, valid, zs, spacing, c, prof, r_max, points_fn, tol):
+        return f"{FACE_NOTE}: surface points on a straight line inside the circle, the same along the axis"
+    return None

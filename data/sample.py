@@ -54,6 +54,7 @@ import numpy as np
 
 from ctpore.data.binary import erode_diamond
 from ctpore.data.envelope import Envelope, cylinder_spread_limit, cylinder_stray, fit_envelope, sample_slices
+from ctpore.data.face import FACE_NOTE
 from ctpore.data.grey_outside import DarkRule, connected_to_border, constant_level, dark_outside, dark_rule
 from ctpore.data.layer import LAYER_NOTE, POROUS_WALL_NOTE, take_pore_free_layer
 from ctpore.data.outline import OUTLINE_STRAY
@@ -268,8 +269,8 @@ class SampleFit:
             notes = "; ".join(n for n in map(env.note, (THIN_WALL_NOTE, LAYER_NOTE, POROUS_WALL_NOTE)) if n)
             return text + fov + (f" ({notes})" if notes else "")
         if kind == "outline":
-            porous = env.note(POROUS_WALL_NOTE)
-            return "the outline (convex hull) of the material, slab by slab" + fov + (f" ({porous})" if porous else "")
+            why = "; ".join(n for n in map(env.note, (FACE_NOTE, POROUS_WALL_NOTE)) if n)
+            return "the outline (convex hull) of the material, slab by slab" + fov + (f" ({why})" if why else "")
         return ("grey values up to {:g} connected to the slices' border (no shape fits: uncertain)"
                 .format(self.dark.upper))
 

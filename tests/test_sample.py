@@ -636,6 +636,7 @@ def test_a_core_with_vugs_open_at_its_surface_is_a_cylinder_but_one_cut_flat_is_
     iou = (inside & true).sum() / (inside | true).sum()
     if face is not None:
         assert fit.kind == "outline" and iou >= 0.98, (fit.info(), iou)
+        assert "a core sawn or broken along its axis" in fit.describe()  # the user is told why
     else:
         assert fit.kind == "cylinder" and fit.confident, fit.info()
         assert abs(fit.envelope.cylinder.radius_mm / 0.01 - 40) <= 0.5 and iou >= 0.98, (fit.info(), iou)
