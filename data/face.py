@@ -77,7 +77,7 @@ def air_face(slices, valid, zs, spacing, c: Cylinder, rise: float, tol: float) -
     cylinder's surface points may spread, mm), it spans :data:`FACE_SPAN_DEG` or more about the axis,
     its depths differ by ``2 * tol`` or more (a band at one depth is a circle fitted a little off),
     and the region is the segment that line cuts off the circle to :data:`SEGMENT_IOU` or more.
-    Returns the region's share of the circle, the face's span (degrees) and the IoU."""
+    Returns the region's share of the circle (less its rim), the face's span (degrees) and the IoU."""
     if not slices:
         return None
     mean, inner, sp = _mean_inside(slices, valid, zs, spacing, c)

@@ -82,7 +82,7 @@ def cleared(read_prob: Callable[[int, int], np.ndarray], read_codes: Callable[[i
     z0, z1 = max(0, a - RIM), min(nz, b + RIM)
     prob = np.array(read_prob(z0, z1), np.float32)
     clear_rim(prob, np.asarray(read_codes(z0, z1)), threshold=threshold)
-    return prob[a - z0: b - z0] if (z0, z1) != (a, b) else prob
+    return prob[a - z0: b - z0]
 
 
 #: Depths (voxels, within the slice) of the shell a found sample's rim is judged by, and of its inside.

@@ -120,7 +120,7 @@ def threshold_ranges(read_raw: Callable[[int, int], np.ndarray], codes: Optional
             if codes is None:
                 return read_raw(a, b)
             # outside: not pore; the surface's rim, judged at this threshold (read with a halo)
-            return cleared(read_raw, lambda z0, z1: np.asarray(codes(z0, z1)), a, b, shape[0], threshold=t)
+            return cleared(read_raw, codes, a, b, shape[0], threshold=t)
 
         topo, conn = StreamingTopology(components=False), PoreConnectivity(shape, faces)
 

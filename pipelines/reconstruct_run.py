@@ -139,8 +139,7 @@ def run_reconstruction(
                 if outside is None:
                     return sink.read(raw, a, b)
                 # outside the sample: certainly not pore; nor the surface's rim (read with a halo)
-                return cleared(lambda z0, z1: sink.read(raw, z0, z1), lambda z0, z1: np.asarray(smask.codes[z0:z1]),
-                               a, b, shape[0])
+                return cleared(lambda z0, z1: sink.read(raw, z0, z1), lambda z0, z1: smask.codes[z0:z1], a, b, shape[0])
 
             middle = shape[0] // 2  # the sample picture's slice
 
